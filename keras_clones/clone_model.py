@@ -1,0 +1,401 @@
+"""`CloneModel`: one Keras model trained as clones on several devices."""
+
+import contextlib
+import typing
+import warnings
+
+import keras
+import tensorflow as tf
+
+from keras_clones.deployment import DeploymentConfig
+
+# Reductions that divide by the number of elements: a clone's loss counts in
+# proportion to its share of the batch. "sum" adds the clones' losses.
+_SHARE_REDUCTIONS = ("sum_over_batch_size", "mean")
+_SUM_REDUCTIONS = ("sum",)
+
+
+class _CloneBatch(typing.NamedTuple):
+    """One clone's part of a batch."""
+
+    data: object  # The clone's slice, or one placeholder row if it is empty.
+    size: tf.Tensor  # Rows of the batch the clone owns (int32, may be 0).
+    share: tf.Tensor  # size / batch size (float32).
+    present: tf.Tensor  # 1.0 if the clone owns rows, else 0.0.
+
+
+def _split_batch(data, batch_size, num_clones):
+    """Splits a nested batch into `num_clones` slices, as `np.array_split`.
+
+    An empty clone (batch smaller than `num_clones`) gets the first row with
+    zero weight, so its loss and gradients are exactly zero rather than the
+    NaN an empty batch gives some layers (BatchNormalization).
+    """
+    base = batch_size // num_clones
+    remainder = batch_size % num_clones
+    total = tf.cast(batch_size, "float32")
+    clone_batches = []
+    for i in range(num_clones):
+        size = base + tf.cast(i < remainder, batch_size.dtype)
+        start = i * base + tf.minimum(i, remainder)
+        start = tf.where(size > 0, start, 0)
+        rows = tf.maximum(size, 1)
+        clone_data = tf.nest.map_structure(
+            lambda t: None if t is None else t[start : start + rows], data
+        )
+        size_f = tf.cast(size, "float32")
+        clone_batches.append(
+            _CloneBatch(
+                clone_data,
+                size,
+                tf.math.divide_no_nan(size_f, total),
+                tf.minimum(size_f, 1.0),
+            )
+        )
+    return clone_batches
+
+
+def _merge_outputs(outputs, sizes):
+    """Concatenates the clones' outputs in input order, dropping padding."""
+    return tf.nest.map_structure(
+        lambda *parts: tf.concat(
+            [p[:n] for p, n in zip(parts, sizes)], axis=0
+        ),
+        *outputs,
+    )
+
+
+def _batch_size(x):
+    first = next(t for t in tf.nest.flatten(x) if t is not None)
+    return tf.shape(first, out_type=tf.int32)[0]
+
+
+def _loss_reduction(loss):
+    """`"share"` or `"sum"`: how clone losses combine into the batch loss."""
+    kinds = set()
+    for entry in tf.nest.flatten(loss):
+        if entry is None:
+            continue
+        reduction = getattr(entry, "reduction", "sum_over_batch_size")
+        if reduction in _SHARE_REDUCTIONS:
+            kinds.add("share")
+        elif reduction in _SUM_REDUCTIONS:
+            kinds.add("sum")
+        else:
+            raise ValueError(
+                f"CloneModel cannot split a loss with reduction={reduction!r} "
+                "across clones and reproduce the full-batch value "
+                f"(loss: {entry!r}). Use reduction='sum_over_batch_size' "
+                "(the default) or 'sum'."
+            )
+    if len(kinds) > 1:
+        raise ValueError(
+            "CloneModel needs all compiled losses to use the same kind of "
+            "reduction: either all 'sum_over_batch_size'/'mean', or all "
+            f"'sum'. Received: loss={loss!r}."
+        )
+    return kinds.pop() if kinds else "share"
+
+
+@keras.saving.register_keras_serializable(package="keras_clones")
+class CloneModel(keras.Model):
+    """A `keras.Model` whose steps split each batch across clone devices.
+
+    TF-Slim's `model_deploy`, done for Keras 3: `train_step` slices every
+    batch (inputs, targets and sample weights alike) into one slice per clone
+    of `deployment`, runs each clone's forward and backward pass under
+    `tf.device(deployment.clone_device(i))` and
+    `tf.name_scope(deployment.clone_scope(i))`, sums the gradients on
+    `deployment.optimizer_device()` and applies them once. `batch_size`
+    stays the global batch.
+
+    One step gives the loss and weights a plain `keras.Model` gets on the
+    whole batch, for models whose forward pass does not depend on how the
+    batch is composed:
+
+    - Each clone's loss is weighted by its share of the batch (not by `1/N`
+      as in `model_deploy`), so uneven slices and batches smaller than the
+      number of clones are exact; empty clones contribute nothing. Weight
+      regularization and `add_loss` terms therefore count once per step.
+    - Losses with reduction `"sum_over_batch_size"`/`"mean"` or `"sum"` are
+      supported; other reductions, and losses over masked outputs, are
+      refused with a `ValueError`.
+    - Non-trainable state assigned in `call()` (BatchNormalization's moving
+      statistics) is updated once per step: each clone starts from the same
+      state, and the new state is the slice-weighted mean of the clones'
+      results (empty clones left out). Each clone draws its own random
+      numbers (dropout masks differ between clones).
+    - `loss` and compiled metrics in the logs are computed on the whole
+      batch, as Keras reports them, plus one `clone_i_loss` entry per clone.
+      With several outputs, the per-output loss entries are means over the
+      clones' slices (equal to Keras's for equal slices).
+
+    XLA: with more than one clone the outer step is never jit-compiled,
+    since XLA would ignore `tf.device` and collapse the clones onto one
+    device; `jit_compile=True` warns and falls back to `False`, and
+    `jit_compile="auto"` resolves to `False`.
+
+    `CloneModel` cannot be used under a `tf.distribute` strategy with more
+    than one replica: the batch would be split twice.
+
+    Args:
+        deployment: A `DeploymentConfig` (or its config dict). Defaults to
+            one clone.
+
+    Example:
+
+    ```python
+    inputs = keras.Input((64,))
+    outputs = keras.layers.Dense(10, activation="softmax")(inputs)
+    model = keras_clones.CloneModel(
+        inputs,
+        outputs,
+        deployment=keras_clones.DeploymentConfig(devices=["/cpu:0", "/cpu:1"]),
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=64)
+
+    # Wrap an existing (Sequential, functional or loaded) model:
+    clones = keras_clones.CloneModel(
+        model.inputs, model.outputs, deployment=deployment
+    )
+    ```
+    """
+
+    def __init__(self, *args, deployment=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if deployment is None:
+            deployment = DeploymentConfig()
+        elif isinstance(deployment, dict):
+            deployment = DeploymentConfig.from_config(deployment)
+        elif not isinstance(deployment, DeploymentConfig):
+            raise TypeError(
+                "`deployment` must be a `keras_clones.DeploymentConfig`. "
+                f"Received: {deployment!r} of type {type(deployment).__name__}."
+            )
+        self._deployment = deployment
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        if replicas > 1:
+            raise ValueError(
+                "CloneModel splits each batch across its own clone devices "
+                "and cannot be created under a tf.distribute strategy with "
+                f"{replicas} replicas, which would split it again. Create the "
+                "model outside `strategy.scope()` and list the devices in "
+                "`DeploymentConfig(devices=[...])`."
+            )
+        num_clones = deployment.num_clones
+        self._clone_loss_trackers = [
+            keras.metrics.Mean(name=f"clone_{i}_loss")
+            for i in range(num_clones if num_clones > 1 else 0)
+        ]
+
+    @property
+    def deployment(self):
+        """The `DeploymentConfig` this model's clones follow."""
+        return self._deployment
+
+    @property
+    def jit_compile(self):
+        return keras.Model.jit_compile.fget(self)
+
+    @jit_compile.setter
+    def jit_compile(self, value):
+        if value and self._deployment.num_clones > 1:
+            warnings.warn(
+                "CloneModel does not jit-compile the training step of "
+                f"{self._deployment.num_clones} clones: XLA ignores "
+                "`tf.device` and would run every clone on one device. "
+                "Proceeding with `jit_compile=False`.",
+                stacklevel=2,
+            )
+            value = False
+        keras.Model.jit_compile.fset(self, value)
+
+    def _resolve_auto_jit_compile(self):
+        if self._deployment.num_clones > 1:
+            return False
+        return super()._resolve_auto_jit_compile()
+
+    def make_train_function(self, force=False):
+        self._check_deployment()
+        self._loss_reduction = _loss_reduction(self.loss)
+        return super().make_train_function(force)
+
+    def make_test_function(self, force=False):
+        self._check_deployment()
+        self._loss_reduction = _loss_reduction(self.loss)
+        return super().make_test_function(force)
+
+    def make_predict_function(self, force=False):
+        self._check_deployment()
+        return super().make_predict_function(force)
+
+    def _check_deployment(self):
+        if self._deployment.num_ps_tasks > 0:
+            raise ValueError(
+                "Keras 3 has no parameter-server training, so CloneModel "
+                "cannot train with `num_ps_tasks="
+                f"{self._deployment.num_ps_tasks}`. Use "
+                "`num_ps_tasks=0` for clones on one machine; for several "
+                "machines, use multi-worker training on tf.distribute "
+                "(`tf.distribute.MultiWorkerMirroredStrategy`)."
+            )
+        self._deployment.check_devices()
+
+    def _call_clone(self, x, training):
+        if self._call_has_training_arg:
+            y_pred = self(x, training=training)
+        else:
+            y_pred = self(x)
+        for output in tf.nest.flatten(y_pred):
+            if getattr(output, "_keras_mask", None) is not None:
+                raise ValueError(
+                    "CloneModel cannot split a loss over masked outputs "
+                    "exactly: Keras normalises a masked loss by the number of "
+                    "unmasked entries of each slice. Remove the mask from the "
+                    "model's outputs, or train it as a plain `keras.Model`."
+                )
+        return y_pred
+
+    def _clone_scopes(self, i):
+        scope = self._deployment.clone_scope(i)
+        return (
+            tf.device(self._deployment.clone_device(i)),
+            tf.name_scope(scope) if scope else contextlib.nullcontext(),
+        )
+
+    def _weighted_loss(self, loss, clone):
+        """A clone's contribution to the loss of the whole batch."""
+        if self._loss_reduction == "share":
+            return loss * clone.share
+        # Summed data losses add up; `add_loss` and regularization terms are
+        # means over the slice, so they still count by share.
+        extra = sum(self.losses, tf.zeros((), loss.dtype))
+        return (loss - extra) * clone.present + extra * clone.share
+
+    def _track_clone_loss(self, i, loss, clone):
+        if self._clone_loss_trackers:
+            self._clone_loss_trackers[i].update_state(
+                loss, sample_weight=clone.size
+            )
+
+    def _state_variables(self):
+        """Float state that `call()` assigns (e.g. moving statistics)."""
+        return [
+            v
+            for v in self.non_trainable_weights
+            if not v.trainable and v.dtype.startswith("float")
+        ]
+
+    def _split(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.device(self._deployment.inputs_device()):
+            batch_size = _batch_size(x)
+            clones = _split_batch(
+                (x, y, sample_weight),
+                batch_size,
+                self._deployment.num_clones,
+            )
+        return (x, y, sample_weight), batch_size, clones
+
+    def train_step(self, data):
+        (x, y, sample_weight), batch_size, clones = self._split(data)
+        trainable = self.trainable_variables
+        state = self._state_variables()
+        state_before = [tf.identity(v.value) for v in state]
+        state_deltas = [tf.zeros_like(s) for s in state_before]
+        clone_grads, clone_losses, y_preds = [], [], []
+        for i, clone in enumerate(clones):
+            x_i, y_i, sw_i = clone.data
+            device_scope, name_scope = self._clone_scopes(i)
+            with device_scope, name_scope:
+                with tf.GradientTape() as tape:
+                    y_pred = self._call_clone(x_i, training=True)
+                    loss = self.compute_loss(
+                        x=x_i,
+                        y=y_i,
+                        y_pred=y_pred,
+                        sample_weight=sw_i,
+                        training=True,
+                    )
+                    contribution = self._weighted_loss(loss, clone)
+                    scaled = contribution
+                    if self.optimizer is not None:
+                        scaled = self.optimizer.scale_loss(contribution)
+                clone_grads.append(tape.gradient(scaled, trainable))
+                # Each clone starts from the same state; keep its update.
+                for k, (v, before) in enumerate(zip(state, state_before)):
+                    state_deltas[k] += (tf.identity(v.value) - before) * (
+                        clone.share
+                    )
+                    v.assign(before)
+            clone_losses.append(contribution)
+            y_preds.append(y_pred)
+            self._track_clone_loss(i, loss, clone)
+
+        with tf.device(self._deployment.optimizer_device()):
+            grads = [_sum_gradients(g) for g in zip(*clone_grads)]
+            total_loss = tf.add_n(clone_losses)
+            for v, before, delta in zip(state, state_before, state_deltas):
+                v.assign(before + delta)
+            if trainable and self.optimizer is not None:
+                self.optimizer.apply(grads, trainable)
+            y_pred = _merge_outputs(y_preds, [c.size for c in clones])
+        self._loss_tracker.update_state(total_loss, sample_weight=batch_size)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def test_step(self, data):
+        (x, y, sample_weight), batch_size, clones = self._split(data)
+        clone_losses, y_preds = [], []
+        for i, clone in enumerate(clones):
+            x_i, y_i, sw_i = clone.data
+            device_scope, name_scope = self._clone_scopes(i)
+            with device_scope, name_scope:
+                y_pred = self._call_clone(x_i, training=False)
+                loss = self.compute_loss(
+                    x=x_i,
+                    y=y_i,
+                    y_pred=y_pred,
+                    sample_weight=sw_i,
+                    training=False,
+                )
+                clone_losses.append(self._weighted_loss(loss, clone))
+            y_preds.append(y_pred)
+            self._track_clone_loss(i, loss, clone)
+        with tf.device(self._deployment.optimizer_device()):
+            total_loss = tf.add_n(clone_losses)
+            y_pred = _merge_outputs(y_preds, [c.size for c in clones])
+        self._loss_tracker.update_state(total_loss, sample_weight=batch_size)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def predict_step(self, data):
+        _, _, clones = self._split(data)
+        y_preds = []
+        for i, clone in enumerate(clones):
+            device_scope, name_scope = self._clone_scopes(i)
+            with device_scope, name_scope:
+                y_preds.append(self._call_clone(clone.data[0], training=False))
+        with tf.device(self._deployment.inputs_device()):
+            return _merge_outputs(y_preds, [c.size for c in clones])
+
+    def get_config(self):
+        config = super().get_config()
+        config["deployment"] = self._deployment.get_config()
+        return config
+
+
+def _sum_gradients(grads):
+    """Sums one variable's gradients over the clones."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return None
+    if len(present) == 1:
+        return present[0]
+    if all(isinstance(g, tf.IndexedSlices) for g in present):
+        # Keep sparse gradients sparse: concatenated rows are summed on apply.
+        return tf.IndexedSlices(
+            tf.concat([g.values for g in present], 0),
+            tf.concat([g.indices for g in present], 0),
+            present[0].dense_shape,
+        )
+    return tf.add_n([tf.convert_to_tensor(g) for g in present])

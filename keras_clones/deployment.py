@@ -1,0 +1,323 @@
+"""Where the clones of a model run: devices, name scopes and placement."""
+
+import tensorflow as tf
+
+_KNOWN_DEVICE_TYPES = ("CPU", "GPU", "TPU")
+
+
+def _check_count(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"`{name}` must be an integer. Received: {name}={value!r} "
+            f"of type {type(value).__name__}."
+        )
+    if value < minimum:
+        raise ValueError(
+            f"`{name}` must be >= {minimum}. Received: {name}={value}."
+        )
+
+
+def _parse_clone_device(device):
+    """Returns the canonical `/device:TYPE:INDEX` form of a clone device."""
+    if not isinstance(device, str):
+        raise TypeError(
+            "Each entry of `devices` must be a device string such as "
+            f"'/device:GPU:0'. Received: {device!r} of type "
+            f"{type(device).__name__}."
+        )
+    try:
+        spec = tf.DeviceSpec.from_string(device)
+    except ValueError as e:
+        raise ValueError(
+            f"Invalid device string {device!r} in `devices`: {e} "
+            "Use the form '/device:GPU:0' or '/cpu:1'."
+        ) from None
+    if spec.device_type not in _KNOWN_DEVICE_TYPES:
+        raise ValueError(
+            f"Unknown device type in {device!r} in `devices`: expected one "
+            f"of {', '.join(_KNOWN_DEVICE_TYPES)}, as in '/device:GPU:0'."
+        )
+    if spec.device_index is None:
+        raise ValueError(
+            f"Device {device!r} in `devices` has no index: name one device, "
+            "as in '/device:GPU:0'."
+        )
+    if spec.job or spec.replica is not None or spec.task is not None:
+        raise ValueError(
+            f"Device {device!r} in `devices` names a job, replica or task. "
+            "Give local devices only ('/device:GPU:0'); the job prefix comes "
+            "from `worker_job_name` when `num_ps_tasks > 0`."
+        )
+    return tf.DeviceSpec(
+        device_type=spec.device_type, device_index=spec.device_index
+    ).to_string()
+
+
+class DeploymentConfig:
+    """How to deploy a model as clones on the devices of one machine.
+
+    This is TF-Slim's `model_deploy.DeploymentConfig`: each replica (worker
+    process) runs `num_clones` clones of the model, each on its own device
+    and under its own name scope. `CloneModel` reads it to split each batch.
+
+    Clone `i` runs on `/device:GPU:i`, or on `/device:CPU:0` when
+    `clone_on_cpu=True`. A single clone without `clone_on_cpu` is left to
+    TensorFlow's default placement. `devices` names the clone devices
+    explicitly instead, e.g. `devices=["/cpu:0", "/cpu:1"]` for two logical
+    CPU devices.
+
+    `replica_id`, `num_replicas`, `num_ps_tasks` and the job names describe a
+    parameter-server topology: they prefix device strings with
+    `/job:<worker_job_name>` and spread variables round-robin over
+    `/job:<ps_job_name>/task:k`. Keras 3 has no parameter-server training,
+    so `CloneModel.fit` refuses `num_ps_tasks > 0`.
+
+    Device strings are checked for syntax here, without starting the
+    TensorFlow runtime (so logical devices can still be configured), and
+    for existence when `fit`, `evaluate` or `predict` starts.
+
+    Args:
+        num_clones: Number of clones per replica. Defaults to 1, or to
+            `len(devices)` when `devices` is given; exclusive with `devices`.
+        clone_on_cpu: If `True`, every clone is placed on `/device:CPU:0`.
+        replica_id: Index of this replica (worker), 0 for the chief.
+        num_replicas: Number of replicas. More than one needs
+            `num_ps_tasks > 0`.
+        num_ps_tasks: Number of parameter-server tasks; 0 for none.
+        worker_job_name: Name of the worker job.
+        ps_job_name: Name of the parameter-server job.
+        devices: Optional list of clone devices, one per clone.
+
+    Example:
+
+    ```python
+    deployment = keras_clones.DeploymentConfig(devices=["/cpu:0", "/cpu:1"])
+    deployment.clone_device(1)  # '/device:CPU:1'
+    deployment.clone_scope(1)  # 'clone_1'
+    ```
+    """
+
+    def __init__(
+        self,
+        num_clones=None,
+        clone_on_cpu=False,
+        replica_id=0,
+        num_replicas=1,
+        num_ps_tasks=0,
+        worker_job_name="worker",
+        ps_job_name="ps",
+        devices=None,
+    ):
+        if devices is not None:
+            if num_clones is not None:
+                raise ValueError(
+                    "Pass either `num_clones` or `devices`, not both: "
+                    "`devices` gives one clone per device. Received: "
+                    f"num_clones={num_clones}, devices={devices!r}."
+                )
+            if isinstance(devices, str) or not isinstance(
+                devices, (list, tuple)
+            ):
+                raise TypeError(
+                    "`devices` must be a list of device strings, such as "
+                    f"['/cpu:0', '/cpu:1']. Received: {devices!r}."
+                )
+            if not devices:
+                raise ValueError(
+                    "`devices` must name at least one device. Received: []."
+                )
+            if clone_on_cpu:
+                raise ValueError(
+                    "`clone_on_cpu=True` places every clone on "
+                    "'/device:CPU:0' and cannot be combined with `devices`. "
+                    "List CPU devices in `devices` instead."
+                )
+            devices = [_parse_clone_device(d) for d in devices]
+            duplicates = sorted({d for d in devices if devices.count(d) > 1})
+            if duplicates:
+                raise ValueError(
+                    f"`devices` lists {', '.join(duplicates)} more than once; "
+                    "each clone needs its own device."
+                )
+            num_clones = len(devices)
+        elif num_clones is None:
+            num_clones = 1
+        _check_count("num_clones", num_clones, 1)
+        if not isinstance(clone_on_cpu, bool):
+            raise TypeError(
+                f"`clone_on_cpu` must be a bool. Received: {clone_on_cpu!r}."
+            )
+        _check_count("replica_id", replica_id, 0)
+        _check_count("num_replicas", num_replicas, 1)
+        _check_count("num_ps_tasks", num_ps_tasks, 0)
+        if num_replicas > 1 and num_ps_tasks < 1:
+            raise ValueError(
+                "`num_ps_tasks` must be positive when `num_replicas > 1`: "
+                "replicas share their variables through parameter servers. "
+                f"Received: num_replicas={num_replicas}, "
+                f"num_ps_tasks={num_ps_tasks}."
+            )
+        if num_replicas > 1 or num_ps_tasks > 0:
+            for name, value in (
+                ("worker_job_name", worker_job_name),
+                ("ps_job_name", ps_job_name),
+            ):
+                if not isinstance(value, str) or not value:
+                    raise ValueError(
+                        f"`{name}` must be a non-empty string when using "
+                        f"replicas or parameter servers. Received: "
+                        f"{name}={value!r}."
+                    )
+        if replica_id >= num_replicas:
+            raise ValueError(
+                "`replica_id` must be less than `num_replicas`. Received: "
+                f"replica_id={replica_id}, num_replicas={num_replicas}."
+            )
+        self._num_clones = num_clones
+        self._clone_on_cpu = clone_on_cpu
+        self._replica_id = replica_id
+        self._num_replicas = num_replicas
+        self._num_ps_tasks = num_ps_tasks
+        self._worker_job_name = worker_job_name
+        self._ps_job_name = ps_job_name
+        self._devices = devices
+        uses_ps = num_ps_tasks > 0
+        self._worker_device = f"/job:{worker_job_name}" if uses_ps else ""
+        self._ps_device = f"/job:{ps_job_name}" if uses_ps else ""
+
+    @property
+    def num_clones(self):
+        return self._num_clones
+
+    @property
+    def clone_on_cpu(self):
+        return self._clone_on_cpu
+
+    @property
+    def replica_id(self):
+        return self._replica_id
+
+    @property
+    def num_replicas(self):
+        return self._num_replicas
+
+    @property
+    def num_ps_tasks(self):
+        return self._num_ps_tasks
+
+    @property
+    def worker_device(self):
+        """`/job:<worker_job_name>` with parameter servers, else `''`."""
+        return self._worker_device
+
+    @property
+    def ps_device(self):
+        """`/job:<ps_job_name>` with parameter servers, else `''`."""
+        return self._ps_device
+
+    @property
+    def devices(self):
+        """The explicit clone devices, canonicalised, or `None`."""
+        return None if self._devices is None else list(self._devices)
+
+    def _check_clone_index(self, clone_index):
+        if isinstance(clone_index, bool) or not isinstance(clone_index, int):
+            raise TypeError(
+                f"`clone_index` must be an integer. Received: {clone_index!r}."
+            )
+        if not 0 <= clone_index < self._num_clones:
+            raise ValueError(
+                f"`clone_index` must be in [0, {self._num_clones}) for "
+                f"{self._num_clones} clone(s). Received: {clone_index}."
+            )
+
+    def clone_device(self, clone_index):
+        """Device for clone `clone_index`, a value for `tf.device()`."""
+        self._check_clone_index(clone_index)
+        if self._devices is not None:
+            return self._worker_device + self._devices[clone_index]
+        device = self._worker_device
+        if self._clone_on_cpu:
+            device += "/device:CPU:0"
+        elif self._num_clones > 1:
+            device += f"/device:GPU:{clone_index}"
+        return device
+
+    def clone_scope(self, clone_index):
+        """Name scope of clone `clone_index`: `clone_i`, or `''` alone."""
+        self._check_clone_index(clone_index)
+        return f"clone_{clone_index}" if self._num_clones > 1 else ""
+
+    def optimizer_device(self):
+        """Device where the clones' gradients are summed and applied."""
+        return self._worker_device + "/device:CPU:0"
+
+    def inputs_device(self):
+        """Device where the input pipeline runs."""
+        return self._worker_device + "/device:CPU:0"
+
+    def variables_device(self, variable_index=0):
+        """Device for a shared variable.
+
+        With parameter servers, variable `variable_index` (in creation order)
+        goes round-robin to `/job:<ps_job_name>/task:k`, as TF-Slim's device
+        chooser does.
+        """
+        if self._num_ps_tasks == 0:
+            return "/device:CPU:0"
+        _check_count("variable_index", variable_index, 0)
+        task = variable_index % self._num_ps_tasks
+        return f"{self._ps_device}/task:{task}/device:CPU:0"
+
+    def check_devices(self):
+        """Raises `ValueError` if a clone device does not exist here.
+
+        This lists the logical devices, so it initialises the TensorFlow
+        runtime; `CloneModel` calls it when `fit`, `evaluate` or `predict`
+        starts.
+        """
+        available = {
+            tf.DeviceSpec.from_string(d.name).replace(job=None, replica=None,
+                                                       task=None).to_string()
+            for d in tf.config.list_logical_devices()
+        }
+        for i in range(self._num_clones):
+            device = self.clone_device(i)
+            if not device:
+                continue
+            local = tf.DeviceSpec.from_string(device).replace(job=None)
+            if local.to_string() not in available:
+                raise ValueError(
+                    f"Clone {i} is placed on {device!r}, which does not exist "
+                    f"on this machine. Available devices: "
+                    f"{', '.join(sorted(available))}. Pass `devices=[...]` "
+                    "with existing devices, or split a physical device into "
+                    "logical ones with "
+                    "`tf.config.set_logical_device_configuration` before "
+                    "TensorFlow starts."
+                )
+
+    def get_config(self):
+        return {
+            "num_clones": None if self._devices else self._num_clones,
+            "clone_on_cpu": self._clone_on_cpu,
+            "replica_id": self._replica_id,
+            "num_replicas": self._num_replicas,
+            "num_ps_tasks": self._num_ps_tasks,
+            "worker_job_name": self._worker_job_name,
+            "ps_job_name": self._ps_job_name,
+            "devices": self.devices,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __eq__(self, other):
+        if not isinstance(other, DeploymentConfig):
+            return NotImplemented
+        return self.get_config() == other.get_config()
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"DeploymentConfig({args})"

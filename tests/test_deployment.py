@@ -1,0 +1,169 @@
+import subprocess
+import sys
+
+import pytest
+
+from keras_clones import DeploymentConfig
+
+
+def test_defaults_are_one_clone_with_default_placement():
+    config = DeploymentConfig()
+    assert config.num_clones == 1
+    assert config.clone_device(0) == ""
+    assert config.clone_scope(0) == ""
+    assert config.optimizer_device() == "/device:CPU:0"
+    assert config.inputs_device() == "/device:CPU:0"
+    assert config.variables_device() == "/device:CPU:0"
+
+
+def test_clones_on_gpus_and_on_cpu():
+    config = DeploymentConfig(num_clones=3)
+    assert [config.clone_device(i) for i in range(3)] == [
+        "/device:GPU:0",
+        "/device:GPU:1",
+        "/device:GPU:2",
+    ]
+    assert [config.clone_scope(i) for i in range(3)] == [
+        "clone_0",
+        "clone_1",
+        "clone_2",
+    ]
+    on_cpu = DeploymentConfig(num_clones=2, clone_on_cpu=True)
+    assert on_cpu.clone_device(1) == "/device:CPU:0"
+    assert DeploymentConfig(clone_on_cpu=True).clone_device(0) == (
+        "/device:CPU:0"
+    )
+
+
+def test_parameter_server_topology_device_strings():
+    config = DeploymentConfig(
+        num_clones=2, replica_id=1, num_replicas=3, num_ps_tasks=2
+    )
+    assert config.clone_device(1) == "/job:worker/device:GPU:1"
+    assert config.optimizer_device() == "/job:worker/device:CPU:0"
+    assert config.inputs_device() == "/job:worker/device:CPU:0"
+    assert [config.variables_device(i) for i in range(3)] == [
+        "/job:ps/task:0/device:CPU:0",
+        "/job:ps/task:1/device:CPU:0",
+        "/job:ps/task:0/device:CPU:0",
+    ]
+    named = DeploymentConfig(
+        num_ps_tasks=1, worker_job_name="trainer", ps_job_name="params"
+    )
+    assert named.worker_device == "/job:trainer"
+    assert named.ps_device == "/job:params"
+    assert named.clone_device(0) == "/job:trainer"
+
+
+def test_explicit_devices_are_canonicalised():
+    config = DeploymentConfig(devices=["/cpu:0", "/device:GPU:1", "CPU:1"])
+    assert config.num_clones == 3
+    assert config.devices == ["/device:CPU:0", "/device:GPU:1", "/device:CPU:1"]
+    assert config.clone_device(2) == "/device:CPU:1"
+    assert config.clone_scope(2) == "clone_2"
+    with_ps = DeploymentConfig(devices=["/gpu:0"], num_ps_tasks=1)
+    assert with_ps.clone_device(0) == "/job:worker/device:GPU:0"
+
+
+def test_config_round_trip_and_equality():
+    for config in (
+        DeploymentConfig(num_clones=2, clone_on_cpu=True),
+        DeploymentConfig(devices=["/cpu:0", "/cpu:1"]),
+        DeploymentConfig(num_replicas=2, replica_id=1, num_ps_tasks=3),
+    ):
+        restored = DeploymentConfig.from_config(config.get_config())
+        assert restored == config
+        assert repr(restored) == repr(config)
+    assert DeploymentConfig(num_clones=2) != DeploymentConfig(num_clones=3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"num_clones": 0}, ValueError, "num_clones` must be >= 1"),
+        ({"num_clones": -2}, ValueError, "num_clones` must be >= 1"),
+        ({"num_clones": "2"}, TypeError, "num_clones` must be an integer"),
+        ({"num_clones": 2.0}, TypeError, "num_clones` must be an integer"),
+        ({"replica_id": -1}, ValueError, "replica_id` must be >= 0"),
+        ({"num_replicas": 0}, ValueError, "num_replicas` must be >= 1"),
+        ({"num_ps_tasks": -1}, ValueError, "num_ps_tasks` must be >= 0"),
+        ({"clone_on_cpu": "yes"}, TypeError, "clone_on_cpu` must be a bool"),
+        ({"replica_id": 1}, ValueError, "replica_id` must be less than"),
+        (
+            {"num_replicas": 2, "replica_id": 2, "num_ps_tasks": 1},
+            ValueError,
+            "replica_id` must be less than",
+        ),
+        ({"num_replicas": 2}, ValueError, "num_ps_tasks` must be positive"),
+        (
+            {"num_ps_tasks": 1, "worker_job_name": ""},
+            ValueError,
+            "worker_job_name",
+        ),
+        ({"num_ps_tasks": 1, "ps_job_name": None}, ValueError, "ps_job_name"),
+        (
+            {"num_clones": 2, "devices": ["/cpu:0", "/cpu:1"]},
+            ValueError,
+            "either `num_clones` or `devices`",
+        ),
+        ({"devices": []}, ValueError, "at least one device"),
+        ({"devices": "/cpu:0"}, TypeError, "list of device strings"),
+        ({"devices": [0, 1]}, TypeError, "device string"),
+        ({"devices": ["/cpu:0", "/CPU:0"]}, ValueError, "more than once"),
+        ({"devices": ["gpu0"]}, ValueError, "Invalid device string 'gpu0'"),
+        ({"devices": ["/device:FOO:0"]}, ValueError, "Unknown device type"),
+        ({"devices": ["/cpu:*"]}, ValueError, "has no index"),
+        ({"devices": ["/job:w/cpu:0"]}, ValueError, "names a job"),
+        (
+            {"devices": ["/cpu:0"], "clone_on_cpu": True},
+            ValueError,
+            "clone_on_cpu=True",
+        ),
+    ],
+)
+def test_invalid_arguments_name_the_argument(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        DeploymentConfig(**kwargs)
+
+
+@pytest.mark.parametrize("index", [-1, 2, 5])
+def test_clone_index_out_of_range(index):
+    config = DeploymentConfig(num_clones=2)
+    with pytest.raises(ValueError, match=r"clone_index` must be in \[0, 2\)"):
+        config.clone_device(index)
+    with pytest.raises(ValueError, match=r"clone_index` must be in \[0, 2\)"):
+        config.clone_scope(index)
+
+
+def test_check_devices_lists_existing_devices():
+    DeploymentConfig(devices=["/cpu:0", "/cpu:1"]).check_devices()
+    with pytest.raises(ValueError, match=r"'/device:GPU:0'.*/device:CPU:1"):
+        DeploymentConfig(num_clones=2).check_devices()
+
+
+def test_construction_does_not_start_the_tensorflow_runtime():
+    code = (
+        "import tensorflow as tf\n"
+        "from keras_clones import DeploymentConfig\n"
+        "DeploymentConfig(devices=['/cpu:0', '/cpu:1'])\n"
+        "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+        "tf.config.set_logical_device_configuration(\n"
+        "    cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+        "print(len(tf.config.list_logical_devices('CPU')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("2")
+
+
+def test_import_with_another_backend_says_how_to_switch():
+    code = "import keras_clones"
+    env = {"KERAS_BACKEND": "numpy", "PATH": ""}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env
+    )
+    assert result.returncode != 0
+    assert "needs the TensorFlow backend" in result.stderr
+    assert "KERAS_BACKEND=tensorflow" in result.stderr
