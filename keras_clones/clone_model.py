@@ -6,6 +6,9 @@ import warnings
 
 import keras
 import tensorflow as tf
+from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+from keras.src.models.functional import Functional
+from keras.src.models.model import functional_init_arguments
 
 from keras_clones.deployment import DeploymentConfig
 
@@ -58,9 +61,7 @@ def _split_batch(data, batch_size, num_clones):
 def _merge_outputs(outputs, sizes):
     """Concatenates the clones' outputs in input order, dropping padding."""
     return tf.nest.map_structure(
-        lambda *parts: tf.concat(
-            [p[:n] for p, n in zip(parts, sizes)], axis=0
-        ),
+        lambda *parts: tf.concat([p[:n] for p, n in zip(parts, sizes)], axis=0),
         *outputs,
     )
 
@@ -162,8 +163,20 @@ class CloneModel(keras.Model):
     ```
     """
 
+    def __new__(cls, *args, **kwargs):
+        if cls is CloneModel and functional_init_arguments(args, kwargs):
+            return super().__new__(FunctionalCloneModel)
+        return super().__new__(cls)
+
     def __init__(self, *args, deployment=None, **kwargs):
-        super().__init__(*args, **kwargs)
+        if isinstance(self, FunctionalCloneModel):
+            # What `keras.Model.__init__` does for a functional model, less
+            # its rebasing of `CloneModel` onto `Functional`, which would
+            # break every later subclassed CloneModel.
+            TensorFlowTrainer.__init__(self)
+            Functional.__init__(self, *args, **kwargs)
+        else:
+            keras.Model.__init__(self, *args, **kwargs)
         if deployment is None:
             deployment = DeploymentConfig()
         elif isinstance(deployment, dict):
@@ -218,12 +231,10 @@ class CloneModel(keras.Model):
 
     def make_train_function(self, force=False):
         self._check_deployment()
-        self._loss_reduction = _loss_reduction(self.loss)
         return super().make_train_function(force)
 
     def make_test_function(self, force=False):
         self._check_deployment()
-        self._loss_reduction = _loss_reduction(self.loss)
         return super().make_test_function(force)
 
     def make_predict_function(self, force=False):
@@ -266,7 +277,7 @@ class CloneModel(keras.Model):
 
     def _weighted_loss(self, loss, clone):
         """A clone's contribution to the loss of the whole batch."""
-        if self._loss_reduction == "share":
+        if _loss_reduction(self.loss) == "share":
             return loss * clone.share
         # Summed data losses add up; `add_loss` and regularization terms are
         # means over the slice, so they still count by share.
@@ -299,6 +310,7 @@ class CloneModel(keras.Model):
         return (x, y, sample_weight), batch_size, clones
 
     def train_step(self, data):
+        _loss_reduction(self.loss)  # Refuse what cannot be split, early.
         (x, y, sample_weight), batch_size, clones = self._split(data)
         trainable = self.trainable_variables
         state = self._state_variables()
@@ -345,6 +357,7 @@ class CloneModel(keras.Model):
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def test_step(self, data):
+        _loss_reduction(self.loss)
         (x, y, sample_weight), batch_size, clones = self._split(data)
         clone_losses, y_preds = [], []
         for i, clone in enumerate(clones):
@@ -382,6 +395,17 @@ class CloneModel(keras.Model):
         config = super().get_config()
         config["deployment"] = self._deployment.get_config()
         return config
+
+
+@keras.saving.register_keras_serializable(
+    package="keras_clones", name="CloneModel"
+)
+class FunctionalCloneModel(CloneModel, Functional):
+    """A `CloneModel` built from inputs and outputs, as `keras.Model` does.
+
+    Private Keras classes are used here and only here; tests that build
+    functional and subclassed CloneModels in one process guard them.
+    """
 
 
 def _sum_gradients(grads):

@@ -277,8 +277,9 @@ class DeploymentConfig:
         starts.
         """
         available = {
-            tf.DeviceSpec.from_string(d.name).replace(job=None, replica=None,
-                                                       task=None).to_string()
+            tf.DeviceSpec.from_string(d.name)
+            .replace(job=None, replica=None, task=None)
+            .to_string()
             for d in tf.config.list_logical_devices()
         }
         for i in range(self._num_clones):

@@ -1,0 +1,465 @@
+"""CloneModel against a plain keras.Model on the whole batch."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_clones import CloneModel
+from keras_clones import DeploymentConfig
+
+THREE_CPUS = DeploymentConfig(devices=["/cpu:0", "/cpu:1", "/cpu:2"])
+TWO_CPUS = DeploymentConfig(devices=["/cpu:0", "/cpu:1"])
+
+
+@keras.saving.register_keras_serializable(package="keras_clones_tests")
+class WeightPenalty(keras.layers.Layer):
+    """Adds a loss that depends on a weight only (counts once per step)."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(), initializer="ones")
+
+    def call(self, inputs):
+        self.add_loss(0.1 * self.scale**2)
+        return inputs * self.scale
+
+
+def mlp(model_class=keras.Model, extra_losses=True, **kwargs):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(
+        8,
+        activation="tanh",
+        kernel_regularizer=keras.regularizers.L2(0.05),
+        activity_regularizer=(
+            keras.regularizers.L1(0.01) if extra_losses else None
+        ),
+    )(inputs)
+    if extra_losses:
+        h = WeightPenalty()(h)
+    outputs = keras.layers.Dense(3, activation="softmax")(h)
+    return model_class(inputs, outputs, **kwargs)
+
+
+def data(rows, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 6)).astype("float32")
+    y = rng.integers(0, 3, size=rows)
+    return x, y
+
+
+def pair(build, deployment, **compile_kwargs):
+    """A plain model and a CloneModel with the same initial weights."""
+    compile_kwargs.setdefault("loss", "sparse_categorical_crossentropy")
+    compile_kwargs.setdefault("metrics", ["accuracy"])
+    reference = build()
+    clones = build(CloneModel, deployment=deployment)
+    clones.set_weights(reference.get_weights())
+    for model in (reference, clones):
+        model.compile(optimizer=keras.optimizers.SGD(0.5), **compile_kwargs)
+    return reference, clones
+
+
+def assert_same_weights(a, b, atol=1e-5):
+    assert len(a.weights) == len(b.weights)
+    for va, vb in zip(a.weights, b.weights):
+        np.testing.assert_allclose(
+            va.numpy(), vb.numpy(), atol=atol, err_msg=va.path
+        )
+
+
+def fit_both(reference, clones, *args, **kwargs):
+    kwargs.setdefault("verbose", 0)
+    kwargs.setdefault("shuffle", False)
+    return (
+        reference.fit(*args, **kwargs).history,
+        clones.fit(*args, **kwargs).history,
+    )
+
+
+@pytest.mark.parametrize(
+    "rows, deployment",
+    [
+        (8, TWO_CPUS),  # even split
+        (7, THREE_CPUS),  # uneven: 3, 2, 2
+        (2, THREE_CPUS),  # smaller than the clones: 1, 1, 0
+        (1, THREE_CPUS),  # one row: 1, 0, 0
+    ],
+)
+def test_one_step_matches_plain_model_on_whole_batch(rows, deployment):
+    reference, clones = pair(mlp, deployment)
+    x, y = data(rows)
+    ref_logs, clone_logs = fit_both(reference, clones, x, y, batch_size=rows)
+    np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], atol=1e-5)
+    np.testing.assert_allclose(
+        clone_logs["accuracy"], ref_logs["accuracy"], atol=1e-6
+    )
+    assert_same_weights(reference, clones)
+
+
+def test_epochs_with_uneven_last_batch_match_plain_model():
+    reference, clones = pair(mlp, THREE_CPUS)
+    x, y = data(13)
+    sample_weight = np.linspace(0.5, 2.0, 13).astype("float32")
+    ref_logs, clone_logs = fit_both(
+        reference,
+        clones,
+        x,
+        y,
+        sample_weight=sample_weight,
+        batch_size=5,
+        epochs=3,
+        validation_data=data(9, seed=1),
+    )
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        np.testing.assert_allclose(clone_logs[key], ref_logs[key], atol=1e-5)
+    assert_same_weights(reference, clones)
+
+
+def test_class_weight_matches_plain_model():
+    reference, clones = pair(mlp, TWO_CPUS)
+    x, y = data(11)
+    ref_logs, clone_logs = fit_both(
+        reference,
+        clones,
+        x,
+        y,
+        batch_size=11,
+        epochs=2,
+        class_weight={0: 1.0, 1: 3.0, 2: 0.5},
+    )
+    np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], atol=1e-5)
+    assert_same_weights(reference, clones)
+
+
+def two_tower(model_class=keras.Model, **kwargs):
+    keras.utils.set_random_seed(2)
+    a = keras.Input((4,), name="a")
+    b = keras.Input((3,), name="b")
+    h = keras.layers.Concatenate()(
+        [keras.layers.Dense(5, activation="relu")(a), b]
+    )
+    h = keras.layers.Dense(6, kernel_regularizer="l2")(h)
+    label = keras.layers.Dense(2, activation="softmax", name="label")(h)
+    value = keras.layers.Dense(1, name="value")(h)
+    return model_class({"a": a, "b": b}, (label, value), **kwargs)
+
+
+def test_multi_input_multi_output_with_sample_weights():
+    rows = 9
+    rng = np.random.default_rng(3)
+    x = {
+        "a": rng.normal(size=(rows, 4)).astype("float32"),
+        "b": rng.normal(size=(rows, 3)).astype("float32"),
+    }
+    y = (rng.integers(0, 2, size=rows), rng.normal(size=(rows, 1)))
+    sample_weight = (
+        rng.uniform(0.5, 1.5, size=rows),
+        rng.uniform(0.5, 1.5, size=rows),
+    )
+    reference, clones = pair(
+        two_tower,
+        THREE_CPUS,
+        loss=("sparse_categorical_crossentropy", "mse"),
+        loss_weights=(1.0, 0.5),
+        metrics=(["accuracy"], ["mae"]),
+    )
+    ref_logs, clone_logs = fit_both(
+        reference,
+        clones,
+        x,
+        y,
+        sample_weight=sample_weight,
+        batch_size=rows,
+        epochs=2,
+    )
+    for key in ("loss", "label_accuracy", "value_mae"):
+        np.testing.assert_allclose(clone_logs[key], ref_logs[key], atol=1e-5)
+    assert_same_weights(reference, clones)
+    ref = reference.evaluate(x, y, verbose=0, return_dict=True)
+    got = clones.evaluate(x, y, verbose=0, return_dict=True)
+    assert set(got) == set(ref) | {
+        "clone_0_loss",
+        "clone_1_loss",
+        "clone_2_loss",
+    }
+    for key in ref:
+        np.testing.assert_allclose(got[key], ref[key], atol=1e-5)
+
+
+def test_sum_reduction_matches_plain_model():
+    reference, clones = pair(
+        mlp,
+        THREE_CPUS,
+        loss=keras.losses.SparseCategoricalCrossentropy(reduction="sum"),
+    )
+    x, y = data(8)
+    ref_logs, clone_logs = fit_both(reference, clones, x, y, batch_size=8)
+    np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], atol=1e-5)
+    assert_same_weights(reference, clones)
+
+
+@pytest.mark.parametrize("reduction", ["mean_with_sample_weight", "none"])
+def test_reductions_the_split_cannot_reproduce_are_refused(reduction):
+    model = mlp(CloneModel, deployment=TWO_CPUS)
+    model.compile(
+        "sgd",
+        loss=keras.losses.SparseCategoricalCrossentropy(reduction=reduction),
+    )
+    with pytest.raises(ValueError, match=f"reduction='{reduction}'"):
+        model.fit(*data(4), verbose=0)
+
+
+def test_batch_normalization_moves_once_toward_weighted_batch_means():
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((3,))
+    bn = keras.layers.BatchNormalization(momentum=0.9)
+    outputs = keras.layers.Dense(1)(bn(inputs))
+    model = CloneModel(inputs, outputs, deployment=THREE_CPUS)
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = np.random.default_rng(5).normal(2.0, 3.0, size=(7, 3))
+    x = x.astype("float32")
+    y = np.zeros((7, 1), "float32")
+    model.fit(x, y, batch_size=7, epochs=1, verbose=0)
+    slices = np.array_split(x, 3)  # 3, 2, 2 rows
+    shares = [len(s) / 7 for s in slices]
+    mean = sum(w * s.mean(0) for w, s in zip(shares, slices))
+    variance = sum(w * s.var(0) for w, s in zip(shares, slices))
+    np.testing.assert_allclose(bn.moving_mean.numpy(), 0.1 * mean, atol=1e-5)
+    np.testing.assert_allclose(
+        bn.moving_variance.numpy(), 0.9 + 0.1 * variance, atol=1e-5
+    )
+
+
+def test_batch_normalization_ignores_empty_clones():
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((3,))
+    bn = keras.layers.BatchNormalization(momentum=0.5)
+    model = CloneModel(inputs, bn(inputs), deployment=THREE_CPUS)
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = np.array([[1.0, 2.0, 3.0], [3.0, 6.0, 9.0]], "float32")
+    logs = model.fit(x, np.zeros_like(x), batch_size=2, verbose=0).history
+    # Clones of one row each: their batch means are the rows themselves.
+    np.testing.assert_allclose(bn.moving_mean.numpy(), 0.5 * x.mean(0))
+    np.testing.assert_allclose(bn.moving_variance.numpy(), [0.5] * 3)
+    assert np.isfinite(logs["loss"][0])
+    assert all(np.isfinite(w.numpy()).all() for w in model.weights)
+
+
+def test_clones_draw_their_own_dropout_masks():
+    inputs = keras.Input((64,))
+    dropped = keras.layers.Dropout(0.5)(inputs)
+    outputs = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")(
+        dropped
+    )
+    model = CloneModel(inputs, outputs, deployment=TWO_CPUS)
+    model.compile(keras.optimizers.SGD(0.0), "mse")
+    x = np.ones((2, 64), "float32")
+    logs = model.fit(x, np.zeros((2, 1)), batch_size=2, verbose=0).history
+    assert logs["clone_0_loss"][0] != logs["clone_1_loss"][0]
+
+
+def test_logs_have_per_clone_losses():
+    inputs = keras.Input((6,))
+    dense = keras.layers.Dense(3, activation="softmax", kernel_regularizer="l2")
+    model = CloneModel(inputs, dense(inputs), deployment=THREE_CPUS)
+    model.compile(keras.optimizers.SGD(0.0), "sparse_categorical_crossentropy")
+    x, y = data(7)
+    logs = model.fit(x, y, batch_size=7, shuffle=False, verbose=0).history
+    per_row = np.asarray(
+        keras.losses.sparse_categorical_crossentropy(
+            y, model.predict(x, verbose=0)
+        )
+    )
+    regularization = 0.01 * float(np.sum(dense.kernel.numpy() ** 2))
+    np.testing.assert_allclose(
+        logs["loss"][0], per_row.mean() + regularization, rtol=1e-5
+    )
+    # Each clone's loss: its data loss plus the whole regularization.
+    for i, rows in enumerate(np.array_split(np.arange(7), 3)):
+        np.testing.assert_allclose(
+            logs[f"clone_{i}_loss"][0],
+            per_row[rows].mean() + regularization,
+            rtol=1e-5,
+        )
+
+
+def test_predict_keeps_input_order_and_evaluate_matches():
+    reference, clones = pair(mlp, THREE_CPUS)
+    x, y = data(10)
+    np.testing.assert_allclose(
+        clones.predict(x, batch_size=4, verbose=0),
+        reference.predict(x, batch_size=4, verbose=0),
+        atol=1e-6,
+    )
+    ref = reference.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
+    got = clones.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
+    for key in ref:
+        np.testing.assert_allclose(got[key], ref[key], atol=1e-6)
+
+
+def test_steps_per_execution_matches_plain_model():
+    reference, clones = pair(mlp, TWO_CPUS, steps_per_execution=3)
+    x, y = data(20)
+    ref_logs, clone_logs = fit_both(
+        reference, clones, x, y, batch_size=3, epochs=2
+    )
+    np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], atol=1e-5)
+    assert_same_weights(reference, clones)
+
+
+class SubclassedClones(CloneModel):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(5, activation="relu")
+        self.out = keras.layers.Dense(2)
+
+    def call(self, inputs):
+        return self.out(self.hidden(inputs))
+
+
+def test_subclassed_clone_model_matches_plain_model():
+    keras.utils.set_random_seed(6)
+    clones = SubclassedClones(deployment=TWO_CPUS)
+    keras.utils.set_random_seed(6)
+    reference = keras.Sequential(
+        [keras.Input((3,)), clones.hidden.__class__(5, activation="relu")]
+        + [keras.layers.Dense(2)]
+    )
+    clones(np.zeros((1, 3), "float32"))
+    clones.set_weights(reference.get_weights())
+    x = np.random.default_rng(7).normal(size=(5, 3)).astype("float32")
+    y = np.random.default_rng(8).normal(size=(5, 2)).astype("float32")
+    for model in (reference, clones):
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    ref_logs, clone_logs = fit_both(reference, clones, x, y, batch_size=5)
+    np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], atol=1e-5)
+    assert_same_weights(reference, clones)
+
+
+def test_wrapping_an_existing_sequential_model():
+    keras.utils.set_random_seed(9)
+    sequential = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(3, activation="softmax")]
+    )
+    clones = CloneModel(
+        sequential.inputs, sequential.outputs, deployment=TWO_CPUS
+    )
+    assert clones.weights[0] is sequential.weights[0]
+    clones.compile("sgd", "sparse_categorical_crossentropy")
+    clones.fit(*data(8), batch_size=4, verbose=0)
+    np.testing.assert_allclose(
+        sequential.predict(data(3)[0], verbose=0),
+        clones.predict(data(3)[0], verbose=0),
+        atol=1e-6,
+    )
+
+
+def test_clone_ops_run_on_their_devices():
+    model = mlp(CloneModel, deployment=THREE_CPUS)
+    model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    spec = (
+        tf.TensorSpec((None, 6), tf.float32),
+        tf.TensorSpec((None,), tf.int64),
+    )
+    graph = tf.function(model.train_step).get_concrete_function(spec).graph
+    for i in range(3):
+        ops = [op for op in graph.get_operations() if f"clone_{i}/" in op.name]
+        assert ops, f"no ops in clone_{i}"
+        devices = {op.device for op in ops if "MatMul" in op.type}
+        assert devices == {f"/device:CPU:{i}"}, devices
+
+
+def test_jit_compile_is_refused_with_a_warning_for_several_clones():
+    model = mlp(CloneModel, deployment=TWO_CPUS)
+    with pytest.warns(UserWarning, match="does not jit-compile"):
+        model.compile(
+            "sgd", "sparse_categorical_crossentropy", jit_compile=True
+        )
+    assert model.jit_compile is False
+    model.compile("sgd", "sparse_categorical_crossentropy", jit_compile="auto")
+    assert model.jit_compile is False
+    single = mlp(CloneModel)
+    single.compile("sgd", "sparse_categorical_crossentropy", jit_compile=True)
+    assert single.jit_compile is True
+    single.fit(*data(4), verbose=0)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_trains_like_plain_model(policy):
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        # Plain Keras cannot add float16 `add_loss` terms to a float32 loss.
+        reference, clones = pair(
+            lambda *a, **k: mlp(*a, extra_losses=False, **k), TWO_CPUS
+        )
+        if policy == "mixed_float16":
+            assert isinstance(
+                clones.optimizer, keras.optimizers.LossScaleOptimizer
+            )
+        x, y = data(16)
+        ref_logs, clone_logs = fit_both(
+            reference, clones, x, y, batch_size=8, epochs=2
+        )
+        np.testing.assert_allclose(
+            clone_logs["loss"], ref_logs["loss"], rtol=2e-2
+        )
+        assert_same_weights(reference, clones, atol=2e-2)
+        assert clone_logs["loss"][-1] < clone_logs["loss"][0]
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model = mlp(CloneModel, deployment=THREE_CPUS)
+    model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    x, y = data(9)
+    model.fit(x, y, batch_size=9, verbose=0)
+    path = tmp_path / "clones.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded, CloneModel)
+    assert loaded.deployment == THREE_CPUS
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0)
+    )
+    model.fit(x, y, batch_size=9, verbose=0)
+    loaded.fit(x, y, batch_size=9, verbose=0)
+    assert_same_weights(model, loaded, atol=1e-6)
+
+
+def test_invalid_deployment_type():
+    with pytest.raises(TypeError, match="must be a `keras_clones.Deploy"):
+        mlp(CloneModel, deployment=2)
+
+
+def test_refused_under_a_strategy_with_several_replicas():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        with pytest.raises(ValueError, match="2 replicas"):
+            mlp(CloneModel, deployment=TWO_CPUS)
+
+
+def test_parameter_servers_are_refused_at_fit():
+    model = mlp(CloneModel, deployment=DeploymentConfig(num_ps_tasks=1))
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match="MultiWorkerMirroredStrategy"):
+        model.fit(*data(4), verbose=0)
+
+
+def test_missing_device_is_an_error_at_fit_listing_devices():
+    model = mlp(CloneModel, deployment=DeploymentConfig(num_clones=2))
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match="GPU:0.*does not exist.*CPU:2"):
+        model.fit(*data(4), verbose=0)
+    with pytest.raises(ValueError, match="does not exist"):
+        model.predict(data(4)[0], verbose=0)
+
+
+def test_masked_outputs_are_refused():
+    inputs = keras.Input((5,))
+    masked = keras.layers.Masking()(keras.layers.Reshape((5, 1))(inputs))
+    model = CloneModel(inputs, masked, deployment=TWO_CPUS)
+    model.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="masked outputs"):
+        model.fit(np.ones((4, 5)), np.ones((4, 5, 1)), verbose=0)
