@@ -1,0 +1,367 @@
+"""`AGNOptimizer`: Accumulated Gradient Normalization around any optimizer."""
+
+import contextlib
+
+import keras
+import tensorflow as tf
+from keras.src.utils import tracking
+
+# Options of the base optimizer that a wrapper does not take itself: they
+# belong on the inner optimizer, as `LossScaleOptimizer` also requires.
+_BASE_OPTIMIZER_DEFAULTS = {
+    "weight_decay": None,
+    "clipnorm": None,
+    "global_clipnorm": None,
+    "clipvalue": None,
+    "use_ema": False,
+    "ema_momentum": 0.99,
+    "ema_overwrite_frequency": None,
+    "loss_scale_factor": None,
+    "gradient_accumulation_steps": None,
+}
+
+# Options of a wrapped optimizer that AGN cannot honour, and why.
+_REFUSED_INNER_OPTIONS = {
+    "use_ema": "its moving average would replace the local weights at the "
+    "end of `fit`, losing the AGN state; evaluate the global centers with "
+    "`assign_global_centers()` instead",
+    "gradient_accumulation_steps": "AGN already accumulates gradients over "
+    "`communication_period` steps",
+    "loss_scale_factor": "wrap the AGNOptimizer in a "
+    "`keras.optimizers.LossScaleOptimizer` to scale the loss",
+}
+
+
+def _check_wrapped(optimizer, argument):
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"`{argument}` must be a Keras optimizer instance, such as "
+            f"`keras.optimizers.SGD(0.1)`. Received: {optimizer!r} of type "
+            f"{type(optimizer).__name__}."
+        )
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            f"`{argument}` must not be a LossScaleOptimizer: wrap the "
+            "AGNOptimizer in the LossScaleOptimizer instead."
+        )
+    for option, reason in _REFUSED_INNER_OPTIONS.items():
+        if getattr(optimizer, option, None):
+            raise ValueError(
+                f"AGNOptimizer cannot honour `{option}` on `{argument}`: "
+                f"{reason}."
+            )
+
+
+def _device_list(global_device):
+    if global_device is None:
+        return [None]
+    devices = [global_device] if isinstance(global_device, str) else None
+    if isinstance(global_device, (list, tuple)) and global_device:
+        devices = list(global_device)
+    if devices is None or not all(isinstance(d, str) for d in devices):
+        raise TypeError(
+            "`global_device` must be a device string or a non-empty list of "
+            f"device strings. Received: {global_device!r}."
+        )
+    for device in devices:
+        try:
+            tf.DeviceSpec.from_string(device)
+        except ValueError as e:
+            raise ValueError(
+                f"Invalid device {device!r} in `global_device`: {e}"
+            ) from None
+    return devices
+
+
+@keras.saving.register_keras_serializable(package="keras_clones")
+class AGNOptimizer(keras.optimizers.Optimizer):
+    """Accumulated Gradient Normalization (Hermans et al., ACML 2017).
+
+    Wraps any Keras optimizer. Each step (each `apply`):
+
+    1. the inner `optimizer` updates the model's (local) variables;
+    2. the gradients are added to one accumulator per variable;
+    3. the local step is incremented, and every `communication_period` steps
+       the accumulators are divided by the period (the normalization that
+       keeps the update size independent of the period), the
+       `outer_optimizer` applies them to the global-center variables, the
+       centers are copied into the local variables, and the accumulators are
+       reset.
+
+    `communication_period=1` is plain synchronous training with the inner
+    optimizer (when the outer optimizer is plain SGD with learning rate 1,
+    or, by default, a copy of the inner one).
+
+    State. For every model variable the optimizer keeps a global center
+    (`global_center_variable(var)`) and a gradient accumulator
+    (`grad_variable(var)`), plus `local_step`. They, and the inner and outer
+    optimizers' state, are optimizer variables: `model.save`,
+    checkpoints and `BackupAndRestore` store and restore them, so training
+    resumes exactly, even in the middle of a communication period.
+
+    After `fit` the model holds its local weights, so that a later `fit`
+    continues exactly. To evaluate or export the global model, call
+    `assign_global_centers()`, which copies every center into its variable.
+
+    On the first step the centers take the model's current values, so
+    weights loaded into a freshly built model are trained from, not
+    replaced by centers created before the load.
+
+    Args:
+        optimizer: The inner Keras optimizer, applied to the model's
+            variables every step.
+        communication_period: Steps between synchronisations, >= 1.
+        outer_optimizer: The optimizer applied to the global centers. By
+            default a fresh optimizer with the same config as `optimizer`
+            (its own slots and iteration count), whose learning rate follows
+            the inner one. Passing e.g. SGD with Nesterov momentum gives
+            DiLoCo-style training.
+        global_device: Optional device (or list of devices, used
+            round-robin) for the global centers.
+        name: The name of the optimizer.
+
+    Example:
+
+    ```python
+    optimizer = keras_clones.AGNOptimizer(
+        keras.optimizers.SGD(0.1, momentum=0.9), communication_period=10
+    )
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit(x, y)
+    optimizer.assign_global_centers()  # Evaluate the global model.
+    ```
+    """
+
+    def __init__(
+        self,
+        optimizer,
+        communication_period=10,
+        outer_optimizer=None,
+        global_device=None,
+        name="agn_optimizer",
+        **kwargs,
+    ):
+        for option, default in _BASE_OPTIMIZER_DEFAULTS.items():
+            if option in kwargs and kwargs.pop(option) != default:
+                raise ValueError(
+                    f"AGNOptimizer does not take `{option}`: set it on the "
+                    "inner `optimizer` (and on `outer_optimizer`) instead."
+                )
+        if kwargs:
+            raise TypeError(
+                "AGNOptimizer got unexpected arguments: "
+                f"{', '.join(sorted(kwargs))}."
+            )
+        _check_wrapped(optimizer, "optimizer")
+        if (
+            isinstance(communication_period, bool)
+            or not isinstance(communication_period, int)
+            or communication_period < 1
+        ):
+            raise ValueError(
+                "`communication_period` must be an integer >= 1. Received: "
+                f"communication_period={communication_period!r}."
+            )
+        outer_follows_inner = outer_optimizer is None
+        if outer_optimizer is None:
+            outer_config = optimizer.get_config()
+            outer_config["name"] = f"{optimizer.name}_outer"
+            outer_optimizer = optimizer.__class__.from_config(outer_config)
+        else:
+            _check_wrapped(outer_optimizer, "outer_optimizer")
+            if outer_optimizer is optimizer:
+                raise ValueError(
+                    "`outer_optimizer` must be a different instance from "
+                    "`optimizer`: the centers need their own slots."
+                )
+        global_devices = _device_list(global_device)
+        super().__init__(learning_rate=0.0, name=name)
+        self._outer_follows_inner = outer_follows_inner
+        self._global_devices = global_devices
+        self.inner_optimizer = optimizer
+        self.outer_optimizer = outer_optimizer
+        self.communication_period = communication_period
+        self.global_device = global_device
+
+    @tracking.no_automatic_dependency_tracking
+    def build(self, var_list):
+        if self.built:
+            return
+        self._local_step = self.add_variable(
+            shape=(), dtype="int64", name="local_step"
+        )
+        self._centers = []
+        self._accumulators = []
+        self._slot_of = {}
+        for i, variable in enumerate(var_list):
+            device = self._global_devices[i % len(self._global_devices)]
+            scope = tf.device(device) if device else contextlib.nullcontext()
+            with scope:
+                center = self.add_variable(
+                    shape=variable.shape,
+                    dtype=variable.dtype,
+                    name=f"{variable.path.replace('/', '_')}_global_center",
+                )
+            center.assign(variable)
+            self._centers.append(center)
+            self._accumulators.append(
+                self.add_variable_from_reference(variable, "grad_accumulator")
+            )
+            self._slot_of[id(variable)] = i
+        self.inner_optimizer.build(var_list)
+        self.outer_optimizer.build(self._centers)
+        super().build(var_list)
+
+    @property
+    def variables(self):
+        return (
+            self._variables
+            + self.inner_optimizer.variables
+            + self.outer_optimizer.variables
+        )
+
+    @property
+    def local_step(self):
+        """Steps taken since training began; never reset."""
+        return self._local_step
+
+    def _slot(self, variable, what):
+        if not self.built:
+            raise ValueError(
+                f"The AGNOptimizer has no {what} yet: it is built on the "
+                "first training step or by `optimizer.build(variables)`."
+            )
+        try:
+            return self._slot_of[id(variable)]
+        except KeyError:
+            raise KeyError(
+                f"The AGNOptimizer has no {what} for variable "
+                f"{getattr(variable, 'path', variable)!r}: it was built on "
+                "other variables (those of the model it was compiled with)."
+            ) from None
+
+    def global_center_variable(self, variable):
+        """The global-center variable of model variable `variable`."""
+        index = self._slot(variable, "global center")
+        return self._centers[index]
+
+    def grad_variable(self, variable):
+        """The gradient accumulator of model variable `variable`."""
+        index = self._slot(variable, "gradient accumulator")
+        return self._accumulators[index]
+
+    def assign_global_centers(self, var_list=None):
+        """Copies the global centers into their variables.
+
+        Use it to evaluate or export the global model. Training from there
+        starts a new communication period from the centers only if the
+        accumulators are empty, i.e. right after a synchronisation.
+
+        Args:
+            var_list: The variables to overwrite; by default every variable
+                the optimizer was built with.
+        """
+        if var_list is None:
+            var_list = self._trainable_variables
+        for variable in var_list:
+            variable.assign(self.global_center_variable(variable))
+
+    def apply(self, grads, trainable_variables=None):
+        if trainable_variables is None:
+            if not self.built:
+                raise ValueError(
+                    "When passing `grads` without `trainable_variables`, the "
+                    "optimizer must already be built."
+                )
+            trainable_variables = self._trainable_variables
+        trainable_variables = list(trainable_variables)
+        grads = list(grads)
+        if not self.built:
+            with tf.init_scope():
+                self.build(trainable_variables)
+        pairs = [
+            (g, v) for g, v in zip(grads, trainable_variables) if g is not None
+        ]
+        if not pairs:
+            return
+        grads, variables = zip(*pairs)
+        centers = [self.global_center_variable(v) for v in variables]
+        accumulators = [self.grad_variable(v) for v in variables]
+
+        def start_from_model():
+            # Weights loaded after `build` are the ones to train from.
+            for center, variable in zip(centers, variables):
+                center.assign(variable)
+
+        tf.cond(
+            tf.equal(self._local_step, 0),
+            start_from_model,
+            lambda: None,
+        )
+        self.inner_optimizer.apply(grads, variables)
+        for accumulator, grad in zip(accumulators, grads):
+            accumulator.assign_add(tf.convert_to_tensor(grad))
+        self._local_step.assign_add(1)
+
+        def synchronise():
+            period = tf.constant(self.communication_period, "float32")
+            normalized = [a / tf.cast(period, a.dtype) for a in accumulators]
+            self.outer_optimizer.apply(normalized, centers)
+            for variable, center in zip(variables, centers):
+                variable.assign(center)
+            for accumulator in accumulators:
+                accumulator.assign(tf.zeros_like(accumulator))
+
+        tf.cond(
+            tf.equal(self._local_step % self.communication_period, 0),
+            synchronise,
+            lambda: None,
+        )
+        self._iterations.assign_add(1)
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner_optimizer.learning_rate = learning_rate
+        if self._outer_follows_inner:
+            self.outer_optimizer.learning_rate = learning_rate
+
+    def scale_loss(self, loss):
+        return loss
+
+    def finalize_variable_values(self, var_list):
+        # The model keeps its local weights (see the class docstring).
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        raise ValueError(
+            "AGNOptimizer runs on the TensorFlow backend, which has no "
+            "stateless apply."
+        )
+
+    def get_config(self):
+        serialize = keras.saving.serialize_keras_object
+        return {
+            "name": self.name,
+            "optimizer": serialize(self.inner_optimizer),
+            "communication_period": self.communication_period,
+            "outer_optimizer": (
+                None
+                if self._outer_follows_inner
+                else serialize(self.outer_optimizer)
+            ),
+            "global_device": self.global_device,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        for key in ("optimizer", "outer_optimizer"):
+            if config.get(key) is not None:
+                config[key] = keras.saving.deserialize_keras_object(
+                    config[key], custom_objects=custom_objects
+                )
+        return cls(**config)

@@ -1,0 +1,397 @@
+"""AGNOptimizer against the update rule computed by hand."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_clones import AGNOptimizer
+from keras_clones import CloneModel
+from keras_clones import DeploymentConfig
+
+LR = 0.1
+
+
+class HandSGD:
+    def __init__(self, momentum=0.0, nesterov=False):
+        self.momentum, self.nesterov, self.m = momentum, nesterov, 0.0
+
+    def step(self, w, g):
+        if not self.momentum:
+            return w - LR * g
+        self.m = self.momentum * self.m - LR * g
+        if self.nesterov:
+            return w + self.momentum * self.m - LR * g
+        return w + self.m
+
+
+class HandAdam:
+    def __init__(self, b1=0.9, b2=0.999, eps=1e-7):
+        self.b1, self.b2, self.eps = b1, b2, eps
+        self.m = self.v = 0.0
+        self.t = 0
+
+    def step(self, w, g):
+        self.t += 1
+        self.m = self.b1 * self.m + (1 - self.b1) * g
+        self.v = self.b2 * self.v + (1 - self.b2) * g * g
+        alpha = LR * np.sqrt(1 - self.b2**self.t) / (1 - self.b1**self.t)
+        return w - alpha * self.m / (np.sqrt(self.v) + self.eps)
+
+
+OPTIMIZERS = {
+    "sgd": (lambda: keras.optimizers.SGD(LR), HandSGD),
+    "momentum": (
+        lambda: keras.optimizers.SGD(LR, momentum=0.9),
+        lambda: HandSGD(0.9),
+    ),
+    "nesterov": (
+        lambda: keras.optimizers.SGD(LR, momentum=0.9, nesterov=True),
+        lambda: HandSGD(0.9, nesterov=True),
+    ),
+    "adam": (lambda: keras.optimizers.Adam(LR), HandAdam),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_update_sequence_matches_hand_computation(name):
+    make_optimizer, make_hand = OPTIMIZERS[name]
+    period, steps = 3, 10
+    start = np.array([1.0, -2.0, 0.5])
+    grads = np.random.default_rng(0).normal(size=(steps, 3))
+    variable = keras.Variable(start.astype("float32"))
+    optimizer = AGNOptimizer(make_optimizer(), communication_period=period)
+    step = tf.function(lambda g: optimizer.apply([g], [variable]))
+
+    inner, outer = make_hand(), make_hand()
+    local, center, accumulator = start.copy(), start.copy(), np.zeros(3)
+    for k in range(steps):
+        step(tf.constant(grads[k], "float32"))
+        local = inner.step(local, grads[k])
+        accumulator = accumulator + grads[k]
+        if (k + 1) % period == 0:
+            center = outer.step(center, accumulator / period)
+            local, accumulator = center.copy(), np.zeros(3)
+        np.testing.assert_allclose(variable.numpy(), local, atol=1e-5)
+        np.testing.assert_allclose(
+            optimizer.global_center_variable(variable).numpy(),
+            center,
+            atol=1e-5,
+        )
+        np.testing.assert_allclose(
+            optimizer.grad_variable(variable).numpy(), accumulator, atol=1e-5
+        )
+        assert int(optimizer.local_step.numpy()) == k + 1
+        assert int(optimizer.iterations.numpy()) == k + 1
+
+
+def test_sgd_center_moves_by_mean_gradient_of_the_period():
+    period = 4
+    grads = np.random.default_rng(1).normal(size=(3 * period, 2))
+    variable = keras.Variable(np.zeros(2, "float32"))
+    optimizer = AGNOptimizer(keras.optimizers.SGD(LR), period)
+    center = np.zeros(2)
+    for k, g in enumerate(grads):
+        optimizer.apply([tf.constant(g, "float32")], [variable])
+        if (k + 1) % period == 0:
+            center -= LR * grads[k + 1 - period : k + 1].mean(axis=0)
+            np.testing.assert_allclose(
+                optimizer.global_center_variable(variable).numpy(),
+                center,
+                atol=1e-6,
+            )
+            np.testing.assert_allclose(variable.numpy(), center, atol=1e-6)
+
+
+def regression_model(model_class=keras.Model, **kwargs):
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((4,))
+    h = keras.layers.Dense(6, activation="tanh")(inputs)
+    return model_class(inputs, keras.layers.Dense(1)(h), **kwargs)
+
+
+def regression_data(rows=24):
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(rows, 4)).astype("float32")
+    return x, (x.sum(axis=1, keepdims=True) ** 2).astype("float32")
+
+
+def fitted(optimizer, epochs=2, model=None, **fit_kwargs):
+    model = model or regression_model()
+    model.compile(optimizer=optimizer, loss="mse")
+    fit_kwargs.setdefault("batch_size", 4)
+    model.fit(
+        *regression_data(),
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        **fit_kwargs,
+    )
+    return model
+
+
+def assert_same_weights(a, b, atol=1e-6):
+    for va, vb in zip(a.weights, b.weights):
+        np.testing.assert_allclose(va.numpy(), vb.numpy(), atol=atol)
+
+
+def test_period_one_equals_the_bare_inner_optimizer():
+    bare = fitted(keras.optimizers.Adam(0.01))
+    agn = fitted(AGNOptimizer(keras.optimizers.Adam(0.01), 1))
+    assert_same_weights(bare, agn, atol=1e-5)
+
+
+def test_clone_model_with_agn_matches_plain_model_with_agn():
+    plain = fitted(AGNOptimizer(keras.optimizers.SGD(0.01, momentum=0.9), 4))
+    clones = fitted(
+        AGNOptimizer(keras.optimizers.SGD(0.01, momentum=0.9), 4),
+        model=regression_model(
+            CloneModel,
+            deployment=DeploymentConfig(devices=["/cpu:0", "/cpu:1"]),
+        ),
+        batch_size=5,
+    )
+    reference = fitted(
+        AGNOptimizer(keras.optimizers.SGD(0.01, momentum=0.9), 4), batch_size=5
+    )
+    assert_same_weights(reference, clones, atol=1e-5)
+    assert not np.allclose(plain.weights[0].numpy(), clones.weights[0].numpy())
+
+
+def test_jit_compile_matches_eager_graph():
+    model = regression_model()
+    model.compile(
+        AGNOptimizer(keras.optimizers.SGD(0.01), 3), "mse", jit_compile=True
+    )
+    model.fit(*regression_data(), batch_size=4, shuffle=False, verbose=0)
+    reference = fitted(AGNOptimizer(keras.optimizers.SGD(0.01), 3), epochs=1)
+    assert_same_weights(reference, model, atol=1e-5)
+
+
+def test_resume_from_saved_model_mid_period(tmp_path):
+    uninterrupted = fitted(AGNOptimizer(keras.optimizers.Adam(0.01), 4), 3)
+    first = fitted(AGNOptimizer(keras.optimizers.Adam(0.01), 4), 1)
+    assert int(first.optimizer.local_step.numpy()) % 4 != 0  # Mid-period.
+    first.save(tmp_path / "agn.keras")
+    resumed = keras.models.load_model(tmp_path / "agn.keras")
+    assert isinstance(resumed.optimizer, AGNOptimizer)
+    resumed.fit(
+        *regression_data(), batch_size=4, epochs=2, shuffle=False, verbose=0
+    )
+    for a, b in zip(uninterrupted.weights, resumed.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for a, b in zip(
+        uninterrupted.optimizer.variables, resumed.optimizer.variables
+    ):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+class InterruptAtEpoch(keras.callbacks.Callback):
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError("interrupted")
+
+
+def test_backup_and_restore_mid_period_continues_exactly(tmp_path):
+    # 24 rows, batch 4: 6 steps an epoch, period 4: backups fall mid-period.
+    uninterrupted = fitted(AGNOptimizer(keras.optimizers.SGD(0.01, 0.9), 4), 3)
+    backup = keras.callbacks.BackupAndRestore(tmp_path, save_freq="epoch")
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fitted(
+            AGNOptimizer(keras.optimizers.SGD(0.01, 0.9), 4),
+            3,
+            callbacks=[backup, InterruptAtEpoch(2)],
+        )
+    resumed = fitted(
+        AGNOptimizer(keras.optimizers.SGD(0.01, 0.9), 4),
+        3,
+        model=regression_model(),
+        callbacks=[keras.callbacks.BackupAndRestore(tmp_path)],
+    )
+    assert int(resumed.optimizer.local_step.numpy()) == 18
+    for a, b in zip(uninterrupted.weights, resumed.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_weights_loaded_after_build_are_trained_from(tmp_path):
+    source = regression_model()
+    keras.utils.set_random_seed(9)
+    for w in source.weights:
+        w.assign(np.random.normal(size=w.shape).astype("float32"))
+    loaded_late = regression_model()
+    loaded_late.compile(AGNOptimizer(keras.optimizers.SGD(0.01), 4), "mse")
+    loaded_late.optimizer.build(loaded_late.trainable_variables)
+    loaded_late.set_weights(source.get_weights())
+    fitted(loaded_late.optimizer, model=loaded_late)
+    loaded_early = regression_model()
+    loaded_early.set_weights(source.get_weights())
+    fitted(AGNOptimizer(keras.optimizers.SGD(0.01), 4), model=loaded_early)
+    assert_same_weights(loaded_early, loaded_late)
+
+
+def test_learning_rate_is_the_inner_one_and_the_default_outer_follows():
+    optimizer = AGNOptimizer(keras.optimizers.SGD(0.1), 2)
+    assert np.isclose(float(optimizer.learning_rate), 0.1)
+    optimizer.learning_rate = 0.05
+    assert np.isclose(float(optimizer.inner_optimizer.learning_rate), 0.05)
+    assert np.isclose(float(optimizer.outer_optimizer.learning_rate), 0.05)
+    explicit = AGNOptimizer(
+        keras.optimizers.SGD(0.1), 2, outer_optimizer=keras.optimizers.SGD(0.7)
+    )
+    explicit.learning_rate = 0.05
+    assert np.isclose(float(explicit.outer_optimizer.learning_rate), 0.7)
+    model = fitted(
+        AGNOptimizer(keras.optimizers.SGD(0.1), 2),
+        epochs=2,
+        callbacks=[keras.callbacks.LearningRateScheduler(lambda e: 0.01 * e)],
+    )
+    assert np.isclose(float(model.optimizer.learning_rate), 0.01)
+
+
+def test_assign_global_centers_copies_centers_into_the_model():
+    model = fitted(AGNOptimizer(keras.optimizers.SGD(0.01), 5), 1)
+    optimizer = model.optimizer
+    assert not np.allclose(
+        model.weights[0].numpy(),
+        optimizer.global_center_variable(model.weights[0]).numpy(),
+    )
+    optimizer.assign_global_centers()
+    for w in model.trainable_weights:
+        np.testing.assert_array_equal(
+            w.numpy(), optimizer.global_center_variable(w).numpy()
+        )
+
+
+def test_global_device_round_robin():
+    variables = [keras.Variable(np.zeros(2, "float32")) for _ in range(3)]
+    optimizer = AGNOptimizer(
+        keras.optimizers.SGD(0.1), global_device=["/cpu:1", "/cpu:2"]
+    )
+    optimizer.build(variables)
+    devices = [
+        optimizer.global_center_variable(v).value.device for v in variables
+    ]
+    assert [d.split("/")[-1] for d in devices] == [
+        "device:CPU:1",
+        "device:CPU:2",
+        "device:CPU:1",
+    ]
+
+
+def test_mixed_precision_inside_loss_scale_optimizer():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        optimizer = keras.optimizers.LossScaleOptimizer(
+            AGNOptimizer(keras.optimizers.SGD(0.01), 3)
+        )
+        model = regression_model()
+        model.compile(optimizer, "mse")
+        history = model.fit(
+            *regression_data(), batch_size=4, epochs=3, verbose=0
+        ).history
+        assert history["loss"][-1] < history["loss"][0]
+        # Overflowing steps (the scale starts high) are skipped altogether.
+        agn = optimizer.inner_optimizer
+        assert 0 < int(agn.local_step.numpy()) == int(agn.iterations.numpy())
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, match",
+    [
+        (("sgd",), {}, TypeError, "must be a Keras optimizer instance"),
+        (
+            (keras.optimizers.SGD(),),
+            {"communication_period": 0},
+            ValueError,
+            "communication_period` must be an integer >= 1",
+        ),
+        (
+            (keras.optimizers.SGD(),),
+            {"communication_period": 2.5},
+            ValueError,
+            "communication_period",
+        ),
+        (
+            (keras.optimizers.SGD(),),
+            {"clipnorm": 1.0},
+            ValueError,
+            "does not take `clipnorm`",
+        ),
+        (
+            (keras.optimizers.SGD(),),
+            {"momentum": 0.9},
+            TypeError,
+            "unexpected arguments: momentum",
+        ),
+        ((keras.optimizers.SGD(use_ema=True),), {}, ValueError, "use_ema"),
+        (
+            (keras.optimizers.SGD(gradient_accumulation_steps=2),),
+            {},
+            ValueError,
+            "gradient_accumulation_steps",
+        ),
+        (
+            (keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()),),
+            {},
+            ValueError,
+            "wrap the AGNOptimizer in the LossScaleOptimizer",
+        ),
+        (
+            (keras.optimizers.SGD(),),
+            {"outer_optimizer": "adam"},
+            TypeError,
+            "`outer_optimizer` must be a Keras optimizer",
+        ),
+        (
+            (keras.optimizers.SGD(),),
+            {"global_device": ["gpu0"]},
+            ValueError,
+            "Invalid device 'gpu0'",
+        ),
+        (
+            (keras.optimizers.SGD(),),
+            {"global_device": []},
+            TypeError,
+            "global_device",
+        ),
+    ],
+)
+def test_invalid_arguments(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        AGNOptimizer(*args, **kwargs)
+
+
+def test_outer_must_not_be_the_inner_instance():
+    sgd = keras.optimizers.SGD()
+    with pytest.raises(ValueError, match="different instance"):
+        AGNOptimizer(sgd, outer_optimizer=sgd)
+
+
+def test_unknown_variable_is_a_clear_error():
+    optimizer = AGNOptimizer(keras.optimizers.SGD())
+    known = keras.Variable(np.zeros(2, "float32"))
+    with pytest.raises(ValueError, match="no global center yet"):
+        optimizer.global_center_variable(known)
+    optimizer.build([known])
+    stranger = keras.Variable(np.zeros(2, "float32"), name="stranger")
+    with pytest.raises(KeyError, match="stranger"):
+        optimizer.grad_variable(stranger)
+
+
+def test_config_round_trip():
+    optimizer = AGNOptimizer(
+        keras.optimizers.Adam(0.003),
+        7,
+        outer_optimizer=keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),
+        global_device="/cpu:1",
+    )
+    restored = AGNOptimizer.from_config(optimizer.get_config())
+    assert restored.get_config() == optimizer.get_config()
+    assert isinstance(restored.outer_optimizer, keras.optimizers.SGD)
+    assert restored.communication_period == 7
