@@ -274,6 +274,14 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                     "optimizer must already be built."
                 )
             trainable_variables = self._trainable_variables
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        if replicas > 1:
+            raise NotImplementedError(
+                "AGNOptimizer does not yet run under a tf.distribute strategy "
+                f"with several replicas ({replicas} here). Train with "
+                "`keras_clones.CloneModel` and `DeploymentConfig(devices=...)` "
+                "to use several devices of one machine."
+            )
         trainable_variables = list(trainable_variables)
         grads = list(grads)
         if not self.built:

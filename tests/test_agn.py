@@ -395,3 +395,12 @@ def test_config_round_trip():
     assert restored.get_config() == optimizer.get_config()
     assert isinstance(restored.outer_optimizer, keras.optimizers.SGD)
     assert restored.communication_period == 7
+
+
+def test_mirrored_strategy_is_refused_clearly_for_now():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = regression_model()
+        model.compile(AGNOptimizer(keras.optimizers.SGD(0.01), 3), "mse")
+    with pytest.raises(NotImplementedError, match="2 here"):
+        model.fit(*regression_data(), batch_size=8, verbose=0)
