@@ -132,7 +132,9 @@ def parse_args():
         help="passed to compile() (default 1)",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="a smoke run of about a minute"
+        "--quick",
+        action="store_true",
+        help="a short smoke run (under a minute)",
     )
     parser.add_argument(
         "--jax",
@@ -280,15 +282,22 @@ def measure(models, bench, args):
 
 
 def run_jax(args):
-    """Runs the JAX worker subprocess; its results per benchmark name."""
+    """Runs the JAX worker subprocess; its results per benchmark name.
+
+    A failing worker leaves the TensorFlow results standing.
+    """
     command = [sys.executable, __file__, JAX_WORKER_FLAG]
     command += ["--rounds", str(args.rounds)]
     command += ["--steps-per-execution", str(args.steps_per_execution)]
     command += ["--quick"] if args.quick else []
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    done = subprocess.run(
-        command, env=env, stdout=subprocess.PIPE, text=True, check=True
-    )
+    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        print(
+            f"Note: the JAX worker failed (exit status {done.returncode}, "
+            "its error output is above); no JAX results.\n"
+        )
+        return {}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
