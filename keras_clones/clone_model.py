@@ -275,9 +275,9 @@ class CloneModel(keras.Model):
             tf.name_scope(scope) if scope else contextlib.nullcontext(),
         )
 
-    def _weighted_loss(self, loss, clone):
+    def _weighted_loss(self, loss, clone, reduction):
         """A clone's contribution to the loss of the whole batch."""
-        if _loss_reduction(self.loss) == "share":
+        if reduction == "share":
             return loss * clone.share
         # Summed data losses add up; `add_loss` and regularization terms are
         # means over the slice, so they still count by share.
@@ -310,7 +310,7 @@ class CloneModel(keras.Model):
         return (x, y, sample_weight), batch_size, clones
 
     def train_step(self, data):
-        _loss_reduction(self.loss)  # Refuse what cannot be split, early.
+        reduction = _loss_reduction(self.loss)  # Refuses what cannot split.
         (x, y, sample_weight), batch_size, clones = self._split(data)
         trainable = self.trainable_variables
         state = self._state_variables()
@@ -330,7 +330,7 @@ class CloneModel(keras.Model):
                         sample_weight=sw_i,
                         training=True,
                     )
-                    contribution = self._weighted_loss(loss, clone)
+                    contribution = self._weighted_loss(loss, clone, reduction)
                     scaled = contribution
                     if self.optimizer is not None:
                         scaled = self.optimizer.scale_loss(contribution)
@@ -357,7 +357,7 @@ class CloneModel(keras.Model):
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def test_step(self, data):
-        _loss_reduction(self.loss)
+        reduction = _loss_reduction(self.loss)
         (x, y, sample_weight), batch_size, clones = self._split(data)
         clone_losses, y_preds = [], []
         for i, clone in enumerate(clones):
@@ -372,7 +372,7 @@ class CloneModel(keras.Model):
                     sample_weight=sw_i,
                     training=False,
                 )
-                clone_losses.append(self._weighted_loss(loss, clone))
+                clone_losses.append(self._weighted_loss(loss, clone, reduction))
             y_preds.append(y_pred)
             self._track_clone_loss(i, loss, clone)
         with tf.device(self._deployment.optimizer_device()):
