@@ -52,6 +52,16 @@ def _check_wrapped(optimizer, argument):
             )
 
 
+def _update(distribution, variable, value):
+    """Assigns `value` to `variable` on every replica (cross-replica)."""
+    distribution.extended.update(
+        variable.value,
+        lambda var, value: var.assign(value),
+        args=(value.value,),
+        group=False,
+    )
+
+
 def _device_list(global_device):
     if global_device is None:
         return [None]
@@ -102,6 +112,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     After `fit` the model holds its local weights, so that a later `fit`
     continues exactly. To evaluate or export the global model, call
     `assign_global_centers()`, which copies every center into its variable.
+
+    Under `tf.distribute.MirroredStrategy` the local weights take the
+    all-reduced gradient every step, as with any Keras optimizer, while each
+    replica accumulates its own gradients; the outer optimizer sums the
+    accumulators once per period.
 
     On the first step the centers take the model's current values, so
     weights loaded into a freshly built model are trained from, not
@@ -204,13 +219,30 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 )
             center.assign(variable)
             self._centers.append(center)
-            self._accumulators.append(
-                self.add_variable_from_reference(variable, "grad_accumulator")
-            )
+            self._accumulators.append(self._add_accumulator(variable))
             self._slot_of[id(variable)] = i
         self.inner_optimizer.build(var_list)
         self.outer_optimizer.build(self._centers)
         super().build(var_list)
+
+    def _add_accumulator(self, variable):
+        # Each replica sums its own gradients, with no communication; read
+        # outside a replica (saving, `grad_variable(v).numpy()`) the
+        # variable is the sum over replicas, i.e. the accumulated all-reduced
+        # gradient. Restoring it gives every replica an equal share.
+        colocate = self._distribution_strategy.extended.colocate_vars_with
+        with colocate(variable.value), keras.name_scope(self.name):
+            accumulator = keras.Variable(
+                initializer="zeros",
+                shape=variable.shape,
+                dtype=variable.dtype,
+                trainable=False,
+                synchronization="on_read",
+                aggregation="sum",
+                name=f"{variable.path.replace('/', '_')}_grad_accumulator",
+            )
+        self._track_variable(accumulator)
+        return accumulator
 
     @property
     def variables(self):
@@ -274,13 +306,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                     "optimizer must already be built."
                 )
             trainable_variables = self._trainable_variables
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        if replicas > 1:
-            raise NotImplementedError(
-                "AGNOptimizer does not yet run under a tf.distribute strategy "
-                f"with several replicas ({replicas} here). Train with "
-                "`keras_clones.CloneModel` and `DeploymentConfig(devices=...)` "
-                "to use several devices of one machine."
+        replica_context = tf.distribute.get_replica_context()
+        if replica_context is None:
+            raise ValueError(
+                "AGNOptimizer.apply() must be called in a replica context, "
+                "e.g. inside `strategy.run`, as `fit` does."
             )
         trainable_variables = list(trainable_variables)
         grads = list(grads)
@@ -295,37 +325,57 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         grads, variables = zip(*pairs)
         centers = [self.global_center_variable(v) for v in variables]
         accumulators = [self.grad_variable(v) for v in variables]
-
-        def start_from_model():
-            # Weights loaded after `build` are the ones to train from.
-            for center, variable in zip(centers, variables):
-                center.assign(variable)
-
-        tf.cond(
-            tf.equal(self._local_step, 0),
-            start_from_model,
-            lambda: None,
+        # Conditional updates run in the cross-replica context, with replica
+        # work re-entered from their branches (as `LossScaleOptimizer` does):
+        # under tf.distribute a `cond` in a replica whose branch calls
+        # `merge_call` (as every optimizer's `apply` does) fails.
+        replica_context.merge_call(
+            self._start_from_model, args=(variables, centers)
         )
         self.inner_optimizer.apply(grads, variables)
         for accumulator, grad in zip(accumulators, grads):
             accumulator.assign_add(tf.convert_to_tensor(grad))
+        replica_context.merge_call(
+            self._count_step, args=(variables, centers, accumulators)
+        )
+        self._iterations.assign_add(1)
+
+    def _start_from_model(self, distribution, variables, centers):
+        # Weights loaded after `build` are the ones to train from.
+        def copy_model_into_centers():
+            for center, variable in zip(centers, variables):
+                _update(distribution, center, variable)
+
+        tf.cond(
+            tf.equal(self._local_step, 0),
+            copy_model_into_centers,
+            lambda: None,
+        )
+
+    def _count_step(self, distribution, variables, centers, accumulators):
         self._local_step.assign_add(1)
 
         def synchronise():
-            period = tf.constant(self.communication_period, "float32")
-            normalized = [a / tf.cast(period, a.dtype) for a in accumulators]
-            self.outer_optimizer.apply(normalized, centers)
+            distribution.extended.call_for_each_replica(
+                self._apply_outer, args=(centers, accumulators)
+            )
             for variable, center in zip(variables, centers):
-                variable.assign(center)
-            for accumulator in accumulators:
-                accumulator.assign(tf.zeros_like(accumulator))
+                _update(distribution, variable, center)
 
         tf.cond(
             tf.equal(self._local_step % self.communication_period, 0),
             synchronise,
             lambda: None,
         )
-        self._iterations.assign_add(1)
+
+    def _apply_outer(self, centers, accumulators):
+        # The outer optimizer sums the replicas' accumulators: the one
+        # gradient all-reduce of the period.
+        period = self.communication_period
+        normalized = [a.value / tf.cast(period, a.dtype) for a in accumulators]
+        self.outer_optimizer.apply(normalized, centers)
+        for accumulator in accumulators:
+            accumulator.assign(tf.zeros_like(accumulator))
 
     @property
     def learning_rate(self):

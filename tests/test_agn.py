@@ -397,10 +397,68 @@ def test_config_round_trip():
     assert restored.communication_period == 7
 
 
-def test_mirrored_strategy_is_refused_clearly_for_now():
+def mirrored(make_optimizer, epochs=2, **fit_kwargs):
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
         model = regression_model()
-        model.compile(AGNOptimizer(keras.optimizers.SGD(0.01), 3), "mse")
-    with pytest.raises(NotImplementedError, match="2 here"):
-        model.fit(*regression_data(), batch_size=8, verbose=0)
+        model.compile(make_optimizer(), "mse")
+    fit_kwargs.setdefault("batch_size", 4)
+    model.fit(
+        *regression_data(),
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        **fit_kwargs,
+    )
+    return model
+
+
+def test_mirrored_strategy_matches_one_device_on_the_global_batch():
+    # 24 rows, batch 4: 12 steps in 2 epochs, period 5: the run ends with
+    # two steps accumulated since the last synchronisation.
+    def make_optimizer():
+        return AGNOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), 5)
+
+    reference = fitted(make_optimizer())
+    model = mirrored(make_optimizer)
+    assert_same_weights(reference, model, atol=1e-5)
+    for w, ref_w in zip(model.trainable_weights, reference.trainable_weights):
+        for get in ("global_center_variable", "grad_variable"):
+            np.testing.assert_allclose(
+                getattr(model.optimizer, get)(w).numpy(),
+                getattr(reference.optimizer, get)(ref_w).numpy(),
+                rtol=1e-5,
+                atol=1e-5,
+            )
+        # Every replica holds the same local weights and centers.
+        center = model.optimizer.global_center_variable(w)
+        for v in (w, center):
+            copies = [c.numpy() for c in v.value.values]
+            np.testing.assert_array_equal(copies[0], copies[1])
+    assert int(model.optimizer.local_step.numpy()) == 12
+    assert int(model.optimizer.iterations.numpy()) == 12
+
+
+def test_mirrored_strategy_inside_loss_scale_optimizer():
+    def make_optimizer():
+        return keras.optimizers.LossScaleOptimizer(
+            AGNOptimizer(keras.optimizers.Adam(0.01), 3), initial_scale=8.0
+        )
+
+    assert_same_weights(fitted(make_optimizer()), mirrored(make_optimizer))
+
+
+def test_mirrored_strategy_resumes_mid_period_from_saved_model(tmp_path):
+    def make_optimizer():
+        return AGNOptimizer(keras.optimizers.SGD(0.05), 4)
+
+    uninterrupted = fitted(make_optimizer(), epochs=3)
+    first = mirrored(make_optimizer, epochs=1)
+    first.save(tmp_path / "agn.keras")
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        resumed = keras.models.load_model(tmp_path / "agn.keras")
+    resumed.fit(
+        *regression_data(), batch_size=4, epochs=2, shuffle=False, verbose=0
+    )
+    assert_same_weights(uninterrupted, resumed, atol=1e-5)
