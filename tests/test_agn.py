@@ -400,17 +400,8 @@ def test_config_round_trip():
 def mirrored(make_optimizer, epochs=2, **fit_kwargs):
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
-        model = regression_model()
-        model.compile(make_optimizer(), "mse")
-    fit_kwargs.setdefault("batch_size", 4)
-    model.fit(
-        *regression_data(),
-        epochs=epochs,
-        shuffle=False,
-        verbose=0,
-        **fit_kwargs,
-    )
-    return model
+        model, optimizer = regression_model(), make_optimizer()
+    return fitted(optimizer, epochs, model=model, **fit_kwargs)
 
 
 def test_mirrored_strategy_matches_one_device_on_the_global_batch():
