@@ -20,9 +20,10 @@ import keras
 
 _require_tensorflow_backend(keras.backend.backend())
 
+from keras_clones import callbacks
 from keras_clones.agn import AGNOptimizer
 from keras_clones.clone_model import CloneModel
 from keras_clones.deployment import DeploymentConfig
 
 __version__ = "0.1.0"
-__all__ = ["AGNOptimizer", "CloneModel", "DeploymentConfig"]
+__all__ = ["AGNOptimizer", "CloneModel", "DeploymentConfig", "callbacks"]

@@ -147,6 +147,9 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     ```
     """
 
+    # Set by `keras_clones.callbacks.InfNanCheck` for the length of a `fit`.
+    _non_finite_guard = None
+
     def __init__(
         self,
         optimizer,
@@ -323,6 +326,16 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         if not pairs:
             return
         grads, variables = zip(*pairs)
+        if self._non_finite_guard is None:
+            self._apply_pairs(replica_context, grads, variables)
+        else:
+            self._non_finite_guard.apply_if_finite(
+                lambda: self._apply_pairs(replica_context, grads, variables),
+                grads,
+                variables,
+            )
+
+    def _apply_pairs(self, replica_context, grads, variables):
         centers = [self.global_center_variable(v) for v in variables]
         accumulators = [self.grad_variable(v) for v in variables]
         # Conditional updates run in the cross-replica context, with replica

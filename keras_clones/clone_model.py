@@ -163,6 +163,10 @@ class CloneModel(keras.Model):
     ```
     """
 
+    # Set by `keras_clones.callbacks` for the length of a `fit`.
+    _non_finite_guard = None
+    _step_recorder = None
+
     def __new__(cls, *args, **kwargs):
         if cls is CloneModel and functional_init_arguments(args, kwargs):
             return super().__new__(FunctionalCloneModel)
@@ -348,13 +352,35 @@ class CloneModel(keras.Model):
         with tf.device(self._deployment.optimizer_device()):
             grads = [_sum_gradients(g) for g in zip(*clone_grads)]
             total_loss = tf.add_n(clone_losses)
-            for v, before, delta in zip(state, state_before, state_deltas):
-                v.assign(before + delta)
-            if trainable and self.optimizer is not None:
-                self.optimizer.apply(grads, trainable)
+            if self._step_recorder is not None:
+                self._step_recorder.record(grads, trainable)
+
+            def update():
+                for v, before, delta in zip(state, state_before, state_deltas):
+                    v.assign(before + delta)
+                if trainable and self.optimizer is not None:
+                    self.optimizer.apply(grads, trainable)
+
+            if self._non_finite_guard is None:
+                update()
+            else:
+                self._non_finite_guard.apply_if_finite(
+                    update,
+                    grads,
+                    trainable,
+                    loss=total_loss,
+                    on_skip=self._pass_overflow_to_loss_scale(grads, trainable),
+                )
             y_pred = _merge_outputs(y_preds, [c.size for c in clones])
         self._loss_tracker.update_state(total_loss, sample_weight=batch_size)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _pass_overflow_to_loss_scale(self, grads, trainable):
+        # A LossScaleOptimizer must see the overflow to lower its scale; it
+        # skips its inner optimizer's update itself.
+        if not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            return None
+        return lambda: self.optimizer.apply(grads, trainable)
 
     def test_step(self, data):
         reduction = _loss_reduction(self.loss)

@@ -1,0 +1,224 @@
+"""`InfNanCheck`: skip, stop or raise on non-finite losses and gradients."""
+
+import keras
+import tensorflow as tf
+
+from keras_clones.agn import AGNOptimizer
+from keras_clones.clone_model import CloneModel
+
+_MODES = ("skip", "stop", "raise")
+
+
+class _NonFiniteGuard:
+    """Applies a step's update only when its loss and gradients are finite.
+
+    It lives in the training step of its host (a `CloneModel` or an
+    `AGNOptimizer`), and leaves on the host side what the callback reads: the
+    `skipped_steps` metric and the first failure.
+    """
+
+    def __init__(self, step_counter, loss_scaled):
+        self.step_counter = step_counter
+        # Under loss scaling, overflowing gradients are expected while the
+        # scale settles; only a non-finite loss is a failure.
+        self.loss_scaled = loss_scaled
+        self.skipped_steps = keras.metrics.Sum(name="skipped_steps")
+        self.failed_step = keras.Variable(
+            -1, dtype="int64", trainable=False, name="failed_step"
+        )
+        self.failed_check = keras.Variable(
+            0, dtype="int64", trainable=False, name="failed_check"
+        )
+        self.check_names = []
+
+    def apply_if_finite(
+        self, update, grads, variables, loss=None, on_skip=None
+    ):
+        names, values = [], []
+        if loss is not None:
+            names.append("the loss")
+            values.append(loss)
+        for grad, variable in zip(grads, variables):
+            if grad is not None:
+                names.append(f"the gradient of {variable.path}")
+                values.append(
+                    grad.values if isinstance(grad, tf.IndexedSlices) else grad
+                )
+        self.check_names = names
+        step = tf.identity(self.step_counter)
+        finite = tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+        all_finite = tf.reduce_all(finite)
+        tf.cond(all_finite, update, on_skip or (lambda: None))
+        self.skipped_steps.update_state(
+            tf.cast(tf.logical_not(all_finite), "float32")
+        )
+        failed = tf.logical_not(all_finite)
+        if self.loss_scaled:
+            failed = tf.logical_not(finite[0]) if loss is not None else False
+        first = tf.logical_and(failed, self.failed_step < 0)
+        self.failed_check.assign(
+            tf.where(
+                first,
+                tf.argmin(tf.cast(finite, "int32"), output_type="int64"),
+                self.failed_check,
+            )
+        )
+        self.failed_step.assign(
+            tf.where(first, tf.cast(step, "int64"), self.failed_step)
+        )
+
+    def failure(self):
+        """What failed first, as a sentence, or None (read on the host)."""
+        step = int(self.failed_step.numpy())
+        if step < 0:
+            return None
+        name = self.check_names[int(self.failed_check.numpy())]
+        return (
+            f"InfNanCheck: {name} is not finite at optimizer step {step} "
+            "(`optimizer.iterations` before the step); the step was skipped."
+        )
+
+
+def _guard_host(model):
+    """The object whose training step runs the check."""
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    if replicas > 1:
+        raise ValueError(
+            "InfNanCheck cannot guard a model trained under a tf.distribute "
+            f"strategy with {replicas} replicas. Train a "
+            "`keras_clones.CloneModel` on several devices instead."
+        )
+    if isinstance(model, CloneModel):
+        return model
+    optimizer = model.optimizer
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and (
+        isinstance(inner, AGNOptimizer)
+    ):
+        return inner
+    if isinstance(optimizer, AGNOptimizer):
+        return optimizer
+    raise ValueError(
+        "InfNanCheck checks the gradients inside the training step of a "
+        "`keras_clones.CloneModel`, or of a model compiled with "
+        "`keras_clones.AGNOptimizer`; this is a "
+        f"{type(model).__name__} compiled with {type(optimizer).__name__}. "
+        "Train it as `CloneModel(model.inputs, model.outputs)`, or use "
+        "`keras.callbacks.TerminateOnNaN`, which looks at the loss only."
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_clones")
+class InfNanCheck(keras.callbacks.Callback):
+    """Checks the loss and gradients of every step before they are applied.
+
+    Keras's `TerminateOnNaN` looks at the loss after the update has been
+    applied; this check runs inside the step, on the gradients the optimizer
+    is about to apply (a `CloneModel`'s summed gradients, once, not per
+    clone). A step whose loss or gradients hold an inf or a nan changes no
+    variable: model weights, optimizer slots and iterations, AGN centers,
+    accumulators and local step, and a `CloneModel`'s BatchNormalization
+    statistics stay bit-identical. The loss and metrics in the logs still
+    see the step.
+
+    Skipped steps are counted in a `skipped_steps` metric (per epoch, like
+    every Keras metric; not saved with the model).
+
+    It guards a `keras_clones.CloneModel` (any optimizer), where it checks
+    the loss and the summed gradients, and a plain `keras.Model` compiled
+    with `keras_clones.AGNOptimizer`, where it checks the gradients in the
+    optimizer: there BatchNormalization statistics, which a plain model
+    assigns inside `call()`, are not protected. Anything else fails at
+    `on_train_begin`.
+
+    With a `LossScaleOptimizer`, overflowing gradients still reach it, so it
+    lowers its scale; they are counted as skipped, but only a non-finite loss
+    stops or raises.
+
+    Args:
+        mode: What to do after a non-finite step. `"skip"`: nothing more,
+            training goes on. `"stop"`: set `model.stop_training = True`.
+            `"raise"`: raise a `RuntimeError` naming the first variable whose
+            gradient is not finite (or the loss) and the optimizer step.
+
+    Example:
+
+    ```python
+    model.fit(x, y, callbacks=[keras_clones.callbacks.InfNanCheck("stop")])
+    ```
+    """
+
+    def __init__(self, mode="skip"):
+        super().__init__()
+        if mode not in _MODES:
+            raise ValueError(
+                f"`mode` must be one of {', '.join(map(repr, _MODES))}. "
+                f"Received: mode={mode!r}."
+            )
+        self.mode = mode
+        self._host = None
+        self._guard = None
+
+    def on_train_begin(self, logs=None):
+        self._host = _guard_host(self.model)
+        optimizer = self.model.optimizer
+        self._guard = _NonFiniteGuard(
+            optimizer.iterations,
+            loss_scaled=isinstance(
+                optimizer, keras.optimizers.LossScaleOptimizer
+            ),
+        )
+        self._host._non_finite_guard = self._guard
+        self._list_metric(True)
+        self.model.make_train_function(force=True)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.mode == "skip":
+            return
+        failure = self._guard.failure()
+        if failure is None:
+            return
+        if self.mode == "stop":
+            print(f"\n{failure} Stopping training.")
+            self.model.stop_training = True
+        else:
+            self._detach()
+            raise RuntimeError(failure)
+
+    def on_test_begin(self, logs=None):
+        self._list_metric(False)  # Validation has no gradients to check.
+
+    def on_test_end(self, logs=None):
+        self._list_metric(True)
+
+    def on_train_end(self, logs=None):
+        self._detach()
+
+    def _detach(self):
+        if self._host is None:
+            return
+        self._list_metric(False)
+        self._host._non_finite_guard = None
+        self._host = None
+        self.model.make_train_function(force=True)
+
+    def _list_metric(self, listed):
+        # `skipped_steps` reaches the logs as a model metric for the length
+        # of `fit` (the one private Keras attribute used here): a metric, so
+        # epoch logs stay epoch means; not a variable of the model, so it is
+        # not saved.
+        if self._guard is None or self._host is None:
+            return
+        metrics = self.model._metrics
+        metric = self._guard.skipped_steps
+        if listed and metric not in metrics:
+            metrics.append(metric)
+        elif not listed and metric in metrics:
+            metrics.remove(metric)
+
+    def get_config(self):
+        return {"mode": self.mode}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

@@ -1,0 +1,195 @@
+"""InfNanCheck: a non-finite step changes nothing, is counted, and reported."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_clones import AGNOptimizer
+from keras_clones import CloneModel
+from keras_clones import DeploymentConfig
+from keras_clones.callbacks import InfNanCheck
+
+BATCH = 4
+NAN_BATCH = 2  # The third batch of the first epoch holds a nan.
+
+
+def data(with_nan):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(6 * BATCH, 3)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5]])).astype("float32")
+    if with_nan:
+        x[NAN_BATCH * BATCH + 1, 0] = np.nan
+        return x, y
+    rows = np.r_[: NAN_BATCH * BATCH, (NAN_BATCH + 1) * BATCH : len(x)]
+    return x[rows], y[rows]
+
+
+def clone_model(batch_norm=True):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((3,))
+    h = keras.layers.Dense(5, activation="tanh")(inputs)
+    if batch_norm:
+        h = keras.layers.BatchNormalization()(h)
+    return CloneModel(
+        inputs,
+        keras.layers.Dense(1)(h),
+        deployment=DeploymentConfig(devices=["/cpu:0", "/cpu:1"]),
+    )
+
+
+def plain_model():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((3,))
+    h = keras.layers.Dense(5, activation="tanh")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1)(h))
+
+
+def train(model, optimizer, with_nan, callbacks=(), epochs=1, **kwargs):
+    model.compile(optimizer, "mse")
+    history = model.fit(
+        *data(with_nan),
+        batch_size=BATCH,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=list(callbacks),
+        **kwargs,
+    )
+    return history.history
+
+
+def assert_same_state(a, b):
+    pairs = list(zip(a.variables, b.variables))
+    pairs += zip(a.optimizer.variables, b.optimizer.variables)
+    for va, vb in pairs:
+        np.testing.assert_array_equal(va.numpy(), vb.numpy(), err_msg=va.path)
+
+
+def test_clone_model_skip_changes_nothing_and_counts():
+    guarded = clone_model()
+    history = train(
+        guarded,
+        keras.optimizers.Adam(0.01),
+        True,
+        [InfNanCheck()],
+        epochs=2,
+        validation_data=data(False),
+    )
+    assert history["skipped_steps"] == [1.0, 1.0]
+    assert "val_skipped_steps" not in history
+    # The same run without the nan batch: every variable bit-identical.
+    reference = clone_model()
+    train(reference, keras.optimizers.Adam(0.01), False, epochs=2)
+    assert int(guarded.optimizer.iterations.numpy()) == 10
+    assert_same_state(guarded, reference)
+
+
+def test_agn_skip_changes_nothing_in_a_plain_model():
+    def optimizer():
+        return AGNOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), 4)
+
+    guarded = plain_model()
+    history = train(guarded, optimizer(), True, [InfNanCheck("skip")])
+    assert history["skipped_steps"] == [1.0]
+    reference = plain_model()
+    train(reference, optimizer(), False)
+    assert int(guarded.optimizer.local_step.numpy()) == 5
+    assert_same_state(guarded, reference)
+
+
+def test_after_fit_the_model_is_as_before(tmp_path):
+    model = clone_model()
+    train(model, "sgd", False, [InfNanCheck()])
+    assert model._non_finite_guard is None
+    assert "skipped_steps" not in [m.name for m in model.metrics]
+    history = model.fit(*data(False), batch_size=BATCH, verbose=0).history
+    assert "skipped_steps" not in history
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert len(loaded.weights) == len(model.weights)
+
+
+def test_stop_ends_training_after_the_step():
+    model = clone_model()
+    history = train(
+        model, keras.optimizers.SGD(0.01), True, [InfNanCheck("stop")], 3
+    )
+    assert len(history["loss"]) == 1
+    assert model.stop_training
+    assert int(model.optimizer.iterations.numpy()) == NAN_BATCH
+
+
+def test_raise_names_the_loss_in_a_clone_model():
+    with pytest.raises(RuntimeError, match="the loss is not finite at "):
+        train(clone_model(), "sgd", True, [InfNanCheck("raise")])
+
+
+def test_raise_names_the_variable_and_the_step_under_agn():
+    class SquareRoot(keras.layers.Layer):
+        """Finite output, infinite gradient of `w` at 0 when x == 0."""
+
+        def build(self, input_shape):
+            self.w = self.add_weight((), initializer="ones", name="w")
+
+        def call(self, x):
+            return keras.ops.sqrt(self.w * x * x)
+
+    inputs = keras.Input((3,))
+    outputs = keras.layers.Dense(1)(SquareRoot()(inputs))
+    model = keras.Model(inputs, outputs)
+    x, y = data(False)
+    x[2 * BATCH :] = 0.0  # Steps 2 onwards divide by zero.
+    model.compile(AGNOptimizer(keras.optimizers.SGD(0.01)), "mse")
+    with pytest.raises(
+        RuntimeError,
+        match=r"gradient of square_root/w is not finite at optimizer step 2 ",
+    ):
+        model.fit(
+            x,
+            y,
+            batch_size=BATCH,
+            shuffle=False,
+            verbose=0,
+            callbacks=[InfNanCheck("raise")],
+        )
+    assert model.optimizer._non_finite_guard is None
+
+
+def test_loss_scale_still_sees_the_overflow():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = clone_model(batch_norm=False)
+        optimizer = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.01), initial_scale=2.0**18
+        )
+        history = train(
+            model, optimizer, False, [InfNanCheck("stop")], epochs=2
+        )
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    # Every overflow was skipped, counted, and lowered the scale, and the
+    # overflows did not stop training.
+    skipped = sum(history["skipped_steps"])
+    assert 0 < skipped < 10
+    assert len(history["loss"]) == 2
+    assert float(optimizer.dynamic_scale.numpy()) == 2.0 ** (18 - skipped)
+    assert int(optimizer.iterations.numpy()) == 10 - skipped
+
+
+def test_what_it_cannot_guard_fails_at_train_begin():
+    model = plain_model()
+    with pytest.raises(ValueError, match="TerminateOnNaN"):
+        train(model, "adam", False, [InfNanCheck()])
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = plain_model()
+        optimizer = AGNOptimizer(keras.optimizers.SGD(0.01))
+    with pytest.raises(ValueError, match="2 replicas"):
+        train(model, optimizer, False, [InfNanCheck()])
+
+
+def test_invalid_mode():
+    with pytest.raises(ValueError, match="'skip', 'stop', 'raise'"):
+        InfNanCheck("ignore")
+    assert InfNanCheck("stop").get_config() == {"mode": "stop"}
