@@ -309,6 +309,16 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                     "optimizer must already be built."
                 )
             trainable_variables = self._trainable_variables
+        strategy = tf.distribute.get_strategy()
+        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
+            strategy.num_replicas_in_sync > 1
+        ):
+            raise NotImplementedError(
+                "AGNOptimizer does not train across workers yet: it would "
+                "all-reduce every step instead of once per period. Train "
+                "with `tf.distribute.MirroredStrategy` or a CloneModel on one "
+                "machine."
+            )
         replica_context = tf.distribute.get_replica_context()
         if replica_context is None:
             raise ValueError(

@@ -66,6 +66,13 @@ def _merge_outputs(outputs, sizes):
     )
 
 
+def _one_replica_per_worker(strategy):
+    """Multi-worker training where each worker is one replica."""
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
+        len(strategy.extended.worker_devices) == 1
+    )
+
+
 def _batch_size(x):
     first = next(t for t in tf.nest.flatten(x) if t is not None)
     return tf.shape(first, out_type=tf.int32)[0]
@@ -139,6 +146,12 @@ class CloneModel(keras.Model):
     `CloneModel` cannot be used under a `tf.distribute` strategy with more
     than one replica: the batch would be split twice.
 
+    Across machines, create it (and compile it) under
+    `tf.distribute.MultiWorkerMirroredStrategy().scope()`, one replica per
+    worker: each worker splits its slice of the global batch across its
+    clones, and the strategy all-reduces the summed gradients and the
+    BatchNormalization updates.
+
     Args:
         deployment: A `DeploymentConfig` (or its config dict). Defaults to
             one clone.
@@ -191,14 +204,17 @@ class CloneModel(keras.Model):
                 f"Received: {deployment!r} of type {type(deployment).__name__}."
             )
         self._deployment = deployment
-        replicas = self.distribute_strategy.num_replicas_in_sync
-        if replicas > 1:
+        strategy = self.distribute_strategy
+        replicas = strategy.num_replicas_in_sync
+        if replicas > 1 and not _one_replica_per_worker(strategy):
             raise ValueError(
                 "CloneModel splits each batch across its own clone devices "
                 "and cannot be created under a tf.distribute strategy with "
-                f"{replicas} replicas, which would split it again. Create the "
-                "model outside `strategy.scope()` and list the devices in "
-                "`DeploymentConfig(devices=[...])`."
+                f"{replicas} replicas on this machine, which would split it "
+                "again. Create the model outside `strategy.scope()` and list "
+                "the devices in `DeploymentConfig(devices=[...])`; across "
+                "machines, use `tf.distribute.MultiWorkerMirroredStrategy` "
+                "with one device (the default CPU) per worker."
             )
         num_clones = deployment.num_clones
         self._clone_loss_trackers = [
@@ -285,14 +301,46 @@ class CloneModel(keras.Model):
             return loss * clone.share
         # Summed data losses add up; `add_loss` and regularization terms are
         # means over the slice, so they still count by share.
-        extra = sum(self.losses, tf.zeros((), loss.dtype))
+        extra = sum(self.losses, tf.zeros((), loss.dtype)) / (
+            self.distribute_strategy.num_replicas_in_sync
+        )
         return (loss - extra) * clone.present + extra * clone.share
 
     def _track_clone_loss(self, i, loss, clone):
         if self._clone_loss_trackers:
             self._clone_loss_trackers[i].update_state(
-                loss, sample_weight=clone.size
+                self._unscaled(loss), sample_weight=clone.size
             )
+
+    def _unscaled(self, loss):
+        # Keras divides losses by the number of replicas, whose gradients
+        # are summed; the logs show the loss of a worker's batch.
+        return loss * self.distribute_strategy.num_replicas_in_sync
+
+    def _worker_logs(self, logs):
+        if self.distribute_strategy.num_replicas_in_sync == 1:
+            return logs
+        # Keras averages the workers' logs along axis 0, which 0-d values
+        # lack.
+        return tf.nest.map_structure(
+            lambda v: tf.reshape(v, [1]) if v.shape.rank == 0 else v, logs
+        )
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras builds from the mean of all replicas' first batches, a
+        # reduction that multi-worker strategies cannot run eagerly; the
+        # shapes of this worker's batch are all that building needs.
+        strategy = self.distribute_strategy
+        if strategy.num_replicas_in_sync == 1 or iterator is None:
+            return super()._maybe_symbolic_build(iterator, data_batch)
+        for _, _, it in iterator:
+            data_batch = tf.nest.map_structure(
+                lambda v: strategy.experimental_local_results(v)[0],
+                next(it),
+            )
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
 
     def _state_variables(self):
         """Float state that `call()` assigns (e.g. moving statistics)."""
@@ -315,6 +363,7 @@ class CloneModel(keras.Model):
 
     def train_step(self, data):
         reduction = _loss_reduction(self.loss)  # Refuses what cannot split.
+        strategy = self.distribute_strategy
         (x, y, sample_weight), batch_size, clones = self._split(data)
         trainable = self.trainable_variables
         state = self._state_variables()
@@ -352,6 +401,11 @@ class CloneModel(keras.Model):
         with tf.device(self._deployment.optimizer_device()):
             grads = [_sum_gradients(g) for g in zip(*clone_grads)]
             total_loss = tf.add_n(clone_losses)
+            if state_deltas and strategy.num_replicas_in_sync > 1:
+                # Workers' statistics move by the mean of their updates.
+                state_deltas = tf.distribute.get_replica_context().all_reduce(
+                    tf.distribute.ReduceOp.MEAN, state_deltas
+                )
             if self._step_recorder is not None:
                 self._step_recorder.record(grads, trainable)
 
@@ -372,8 +426,12 @@ class CloneModel(keras.Model):
                     on_skip=self._pass_overflow_to_loss_scale(grads, trainable),
                 )
             y_pred = _merge_outputs(y_preds, [c.size for c in clones])
-        self._loss_tracker.update_state(total_loss, sample_weight=batch_size)
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        self._loss_tracker.update_state(
+            self._unscaled(total_loss), sample_weight=batch_size
+        )
+        return self._worker_logs(
+            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        )
 
     def _pass_overflow_to_loss_scale(self, grads, trainable):
         # A LossScaleOptimizer must see the overflow to lower its scale; it
@@ -404,8 +462,12 @@ class CloneModel(keras.Model):
         with tf.device(self._deployment.optimizer_device()):
             total_loss = tf.add_n(clone_losses)
             y_pred = _merge_outputs(y_preds, [c.size for c in clones])
-        self._loss_tracker.update_state(total_loss, sample_weight=batch_size)
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        self._loss_tracker.update_state(
+            self._unscaled(total_loss), sample_weight=batch_size
+        )
+        return self._worker_logs(
+            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        )
 
     def predict_step(self, data):
         _, _, clones = self._split(data)

@@ -1,0 +1,250 @@
+"""Runs a multi-worker training script as N local workers, for tests and demos.
+
+`python -m keras_clones.launch --workers 2 train.py --epochs 3` starts each
+worker with its own `TF_CONFIG` on 127.0.0.1, prints their output with a
+`[worker i]` prefix and exits non-zero if any worker fails. It never waits
+forever once a worker has failed: the others get a grace period, then are
+stopped. The module imports no TensorFlow: the workers do the training.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+# How long stopped workers get to exit after SIGTERM before SIGKILL, and how
+# long their output is drained after they exit.
+_TERMINATE_TIMEOUT = 5.0
+_POLL_INTERVAL = 0.1
+
+_EPILOG = """\
+Each worker runs `python SCRIPT ARGS` with TF_CONFIG naming a cluster of
+WORKERS tasks on 127.0.0.1 (free ports) and its own task index, which is
+what tf.distribute.MultiWorkerMirroredStrategy() reads. When a worker fails,
+the others get --grace-period seconds to exit, then are stopped (SIGTERM,
+then SIGKILL) and the launcher exits non-zero.
+
+This launcher is for one machine. On a cluster, let the scheduler start one
+process per task instead. Under Slurm (`srun python train.py`), build the
+cluster from Slurm's environment:
+
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver
+    )
+
+or have the job script export TF_CONFIG for each task, as this launcher does.
+"""
+
+
+def launch(script, args=(), workers=2, grace_period=30.0):
+    """Runs `script` as `workers` local workers and returns the exit code.
+
+    Each worker is `python -u script *args` with the launcher's environment
+    plus a `TF_CONFIG` for a cluster of `workers` tasks on 127.0.0.1 and its
+    own task index. Their stdout and stderr are printed to `sys.stdout` line
+    by line, prefixed with `[worker i]`. When a worker exits non-zero or is
+    killed by a signal, the launcher says which and how on `sys.stderr`,
+    waits up to `grace_period` seconds for the others, and stops those still
+    running with SIGTERM, then SIGKILL.
+
+    Args:
+        script: Path of the Python script every worker runs.
+        args: Command-line arguments passed to each worker's script.
+        workers: Number of workers, at least 1.
+        grace_period: Seconds the other workers get to exit after one
+            fails, before they are stopped.
+
+    Returns:
+        0 if every worker exits with 0; otherwise the exit code of the
+        first worker that failed, or 128 + the signal number if a signal
+        killed it (as shells report it).
+
+    Example:
+
+    ```python
+    from keras_clones.launch import launch
+
+    exit_code = launch("train.py", ["--epochs", "3"], workers=2)
+    ```
+    """
+    if workers < 1:
+        raise ValueError(
+            f"`workers` must be at least 1. Received: workers={workers!r}."
+        )
+    if grace_period < 0:
+        raise ValueError(
+            "`grace_period` must be non-negative. "
+            f"Received: grace_period={grace_period!r}."
+        )
+    if not os.path.isfile(script):
+        raise FileNotFoundError(f"No such script: {script!r}.")
+    cluster = [f"127.0.0.1:{port}" for port in _free_ports(workers)]
+    lock = threading.Lock()
+    processes, readers = [], []
+    try:
+        for index in range(workers):
+            tf_config = {
+                "cluster": {"worker": cluster},
+                "task": {"type": "worker", "index": index},
+            }
+            process = subprocess.Popen(
+                [sys.executable, "-u", script, *args],
+                env=dict(os.environ, TF_CONFIG=json.dumps(tf_config)),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+            )
+            processes.append(process)
+            reader = threading.Thread(
+                target=_print_lines,
+                args=(process.stdout, f"[worker {index}] ", lock),
+                daemon=True,
+            )
+            reader.start()
+            readers.append(reader)
+        return _wait(processes, grace_period, lock)
+    finally:
+        # Also reached on Ctrl-C or an error: no worker outlives the launcher.
+        _stop(processes)
+        for reader in readers:
+            reader.join(_TERMINATE_TIMEOUT)
+
+
+def _free_ports(count):
+    # All sockets stay bound until every port is picked, so the ports are
+    # distinct; another process could take one before its worker binds it.
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _print_lines(stream, prefix, lock):
+    with stream:
+        for line in stream:
+            with lock:
+                print(prefix + line.rstrip("\n"), flush=True)
+
+
+def _log(message, lock):
+    with lock:
+        print(f"keras_clones.launch: {message}", file=sys.stderr, flush=True)
+
+
+def _failure(code):
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def _wait(processes, grace_period, lock):
+    """Waits for the workers, up to `grace_period` after the first failure."""
+    first_failure, exit_code, deadline = None, 0, None
+    reported = set()
+    while True:
+        running = [i for i, p in enumerate(processes) if p.poll() is None]
+        for index, process in enumerate(processes):
+            if process.returncode and index not in reported:
+                reported.add(index)
+                message = f"worker {index} {_failure(process.returncode)}"
+                if first_failure is None:
+                    first_failure = index
+                    code = process.returncode
+                    exit_code = code if code > 0 else 128 - code
+                    deadline = time.monotonic() + grace_period
+                    if running:
+                        message += (
+                            f"; the other workers have {grace_period:g} s "
+                            "to exit before they are stopped"
+                        )
+                _log(message + ".", lock)
+        if not running:
+            return exit_code
+        if deadline is not None and time.monotonic() >= deadline:
+            names = ", ".join(str(i) for i in running)
+            plural = "s" if len(running) > 1 else ""
+            _log(
+                f"stopping worker{plural} {names}: still running "
+                f"{grace_period:g} s after worker {first_failure} failed.",
+                lock,
+            )
+            return exit_code
+        time.sleep(_POLL_INTERVAL)
+
+
+def _stop(processes):
+    running = [p for p in processes if p.poll() is None]
+    for process in running:
+        process.terminate()
+    deadline = time.monotonic() + _TERMINATE_TIMEOUT
+    for process in running:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(_TERMINATE_TIMEOUT)
+
+
+def main(argv=None):
+    """The command line: `python -m keras_clones.launch --help`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_clones.launch",
+        description=(
+            "Run a multi-worker training script as local workers on\n"
+            "127.0.0.1, for tests and demos on one machine."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="number of workers (default: 2)",
+    )
+    parser.add_argument(
+        "--grace-period",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help=(
+            "how long the other workers get to exit after one fails, "
+            "before they are stopped (default: 30)"
+        ),
+    )
+    parser.add_argument("script", help="the training script every worker runs")
+    parser.add_argument(
+        "args",
+        nargs=argparse.REMAINDER,
+        help="arguments passed to the script",
+    )
+    options = parser.parse_args(argv)
+    if options.workers < 1:
+        parser.error(f"--workers must be at least 1, got {options.workers}")
+    if options.grace_period < 0:
+        parser.error(
+            f"--grace-period must be non-negative, got {options.grace_period:g}"
+        )
+    if not os.path.isfile(options.script):
+        parser.error(f"no such script: {options.script}")
+    return launch(
+        options.script,
+        options.args,
+        workers=options.workers,
+        grace_period=options.grace_period,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

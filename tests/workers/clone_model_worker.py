@@ -1,0 +1,95 @@
+"""One worker of a 2-worker CloneModel run; see tests/test_multi_worker.py.
+
+Each worker trains 2 clones on 2 logical CPUs under
+MultiWorkerMirroredStrategy and saves its weights to `OUT/worker_<i>.npz`.
+With `--reference` it instead trains, in one process, what the workers
+should match: a plain model on the global batch (no BatchNormalization) and
+a CloneModel with 4 clones, the workers' 2 x 2 slices (BatchNormalization).
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration()] * 4,
+)
+
+import keras  # noqa: E402
+
+import keras_clones  # noqa: E402
+
+GLOBAL_BATCH = 16
+EPOCHS = 2
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 5)).astype("float32")
+    return x, (x.sum(axis=1, keepdims=True) ** 2).astype("float32")
+
+
+def layers(batch_norm):
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((5,))
+    h = keras.layers.Dense(8, activation="tanh")(inputs)
+    if batch_norm:
+        h = keras.layers.BatchNormalization()(h)
+    return inputs, keras.layers.Dense(1)(h)
+
+
+def clone_model(batch_norm, num_clones):
+    devices = [f"/cpu:{i}" for i in range(num_clones)]
+    return keras_clones.CloneModel(
+        *layers(batch_norm),
+        deployment=keras_clones.DeploymentConfig(devices=devices),
+    )
+
+
+def train(model):
+    with model.distribute_strategy.scope():
+        model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse")
+    dataset = tf.data.Dataset.from_tensor_slices(data()).batch(GLOBAL_BATCH)
+    history = model.fit(dataset, epochs=EPOCHS, verbose=0)
+    return history.history["loss"]
+
+
+def save(path, **models_and_losses):
+    arrays = {}
+    for name, (model, loss) in models_and_losses.items():
+        arrays[f"{name}_loss"] = np.array(loss)
+        for i, weight in enumerate(model.weights):
+            arrays[f"{name}_{i}"] = weight.numpy()
+    np.savez(path, **arrays)
+
+
+def main(out):
+    if "--reference" in sys.argv:
+        plain = keras.Model(*layers(batch_norm=False))
+        clones = clone_model(batch_norm=True, num_clones=4)
+        save(
+            os.path.join(out, "reference.npz"),
+            plain=(plain, train(plain)),
+            bn=(clones, train(clones)),
+        )
+        return
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        plain = clone_model(batch_norm=False, num_clones=2)
+        clones = clone_model(batch_norm=True, num_clones=2)
+    save(
+        os.path.join(out, f"worker_{index}.npz"),
+        plain=(plain, train(plain)),
+        bn=(clones, train(clones)),
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
