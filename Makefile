@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test lint format bench bench-agn clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ format: setup
 
 bench: setup
 	$(BIN)/python bench/clones.py
+
+bench-agn: setup
+	$(BIN)/python bench/agn.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
