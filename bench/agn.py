@@ -38,7 +38,6 @@ Usage:
 import argparse
 import os
 import statistics
-import time
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -46,6 +45,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from timing import timed_epoch  # noqa: E402
 
 from keras_clones import AGNOptimizer  # noqa: E402
 
@@ -143,30 +143,6 @@ def contenders(args):
         )
         models[name] = model
     return models
-
-
-class EpochTimer(keras.callbacks.Callback):
-    """Records the wall time and final loss of the last epoch."""
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds = time.perf_counter() - self.start
-        self.loss = float(logs["loss"])
-
-
-def timed_epoch(model, dataset, steps):
-    """Trains one epoch of `steps` steps; returns its seconds and loss."""
-    timer = EpochTimer()
-    model.fit(
-        dataset,
-        steps_per_epoch=steps,
-        shuffle=False,
-        callbacks=[timer],
-        verbose=0,
-    )
-    return timer.seconds, timer.loss
 
 
 def measure(models, args):

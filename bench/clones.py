@@ -42,7 +42,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 JAX_WORKER_FLAG = "--jax-worker"
 
@@ -56,6 +55,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from timing import timed_epoch  # noqa: E402
 
 SEED = 0
 NUM_CLASSES = 10
@@ -238,30 +238,6 @@ def mirrored_runs(args):
     value for placeholder tensor" (keras-team/keras#19246).
     """
     return args.steps_per_execution == 1
-
-
-class EpochTimer(keras.callbacks.Callback):
-    """Records the wall time and final loss of the last epoch."""
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds = time.perf_counter() - self.start
-        self.loss = float(logs["loss"])
-
-
-def timed_epoch(model, dataset, steps):
-    """Trains one epoch of `steps` steps; returns its seconds and loss."""
-    timer = EpochTimer()
-    model.fit(
-        dataset,
-        steps_per_epoch=steps,
-        shuffle=False,
-        callbacks=[timer],
-        verbose=0,
-    )
-    return timer.seconds, timer.loss
 
 
 def measure(models, bench, args):
