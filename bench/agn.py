@@ -45,7 +45,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from timing import timed_epoch  # noqa: E402
+from harness import positive_int  # noqa: E402
+from harness import timed_epoch  # noqa: E402
 
 from keras_clones import AGNOptimizer  # noqa: E402
 
@@ -61,13 +62,6 @@ WARMUP_STEPS = 5
 GOAL_PERIOD = 10
 GOAL = 0.9
 BARE = "bare"
-
-
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def parse_args():

@@ -55,7 +55,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from timing import timed_epoch  # noqa: E402
+from harness import positive_int  # noqa: E402
+from harness import timed_epoch  # noqa: E402
 
 SEED = 0
 NUM_CLASSES = 10
@@ -109,13 +110,6 @@ BENCHMARKS = [
         "CNN 28x28x1 conv16-conv32-dense10", cnn, (28, 28, 1), 128, 80, 10
     ),
 ]
-
-
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def parse_args():

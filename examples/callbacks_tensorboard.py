@@ -32,8 +32,8 @@ tf.config.set_logical_device_configuration(
 )
 
 import keras  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+from digits import load_split  # noqa: E402
+from digits import mlp_layers  # noqa: E402
 
 import keras_clones  # noqa: E402
 from keras_clones.callbacks import InfNanCheck  # noqa: E402
@@ -55,20 +55,8 @@ def main():
     # One directory per run, so that TensorBoard can compare runs.
     log_dir = args.log_dir / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
-    digits = load_digits()
-    x = (digits.data / 16.0).astype("float32")
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, digits.target, test_size=0.25, random_state=0
-    )
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((64,))
-    h = keras.layers.Dense(
-        128,
-        activation="relu",
-        kernel_regularizer=keras.regularizers.L2(1e-4),
-    )(inputs)
-    h = keras.layers.Dropout(0.2)(h)
-    outputs = keras.layers.Dense(10, activation="softmax")(h)
+    x_train, x_test, y_train, y_test = load_split()
+    inputs, outputs = mlp_layers(keras.regularizers.L2(1e-4))
     deployment = keras_clones.DeploymentConfig(devices=["/cpu:0", "/cpu:1"])
     model = keras_clones.CloneModel(inputs, outputs, deployment=deployment)
     model.compile(

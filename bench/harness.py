@@ -1,5 +1,6 @@
-"""Times one `fit` epoch, for the benchmarks in this folder."""
+"""What the benchmarks in this folder share: epoch timing, count flags."""
 
+import argparse
 import time
 
 import keras
@@ -27,3 +28,10 @@ def timed_epoch(model, dataset, steps):
         verbose=0,
     )
     return timer.seconds, timer.loss
+
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
