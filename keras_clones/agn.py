@@ -6,6 +6,8 @@ import keras
 import tensorflow as tf
 from keras.src.utils import tracking
 
+from keras_clones import distribute
+
 # Options of the base optimizer that a wrapper does not take itself: they
 # belong on the inner optimizer, as `LossScaleOptimizer` also requires.
 _BASE_OPTIMIZER_DEFAULTS = {
@@ -60,6 +62,14 @@ def _update(distribution, variable, value):
         args=(value.value,),
         group=False,
     )
+
+
+def _scaled(grad, factor):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            grad.values * factor, grad.indices, grad.dense_shape
+        )
+    return grad * factor
 
 
 def _device_list(global_device):
@@ -117,6 +127,12 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     all-reduced gradient every step, as with any Keras optimizer, while each
     replica accumulates its own gradients; the outer optimizer sums the
     accumulators once per period.
+
+    Under `tf.distribute.MultiWorkerMirroredStrategy` with one replica per
+    worker, each worker takes local steps on its own gradients, and the
+    workers' normalized accumulators are averaged in one all-reduce per
+    period, which updates the same centers on every worker.
+    `communication_rounds` counts the synchronisations.
 
     On the first step the centers take the model's current values, so
     weights loaded into a freshly built model are trained from, not
@@ -208,6 +224,9 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self._local_step = self.add_variable(
             shape=(), dtype="int64", name="local_step"
         )
+        self._communication_rounds = self.add_variable(
+            shape=(), dtype="int64", name="communication_rounds"
+        )
         self._centers = []
         self._accumulators = []
         self._slot_of = {}
@@ -260,6 +279,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         """Steps taken since training began; never reset."""
         return self._local_step
 
+    @property
+    def communication_rounds(self):
+        """Synchronisations so far: gradient all-reduces across workers."""
+        return self._communication_rounds
+
     def _slot(self, variable, what):
         if not self.built:
             raise ValueError(
@@ -310,14 +334,16 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 )
             trainable_variables = self._trainable_variables
         strategy = tf.distribute.get_strategy()
-        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
-            strategy.num_replicas_in_sync > 1
-        ):
+        multi_worker = isinstance(
+            strategy, tf.distribute.MultiWorkerMirroredStrategy
+        )
+        devices = len(strategy.extended.worker_devices) if multi_worker else 1
+        if strategy.num_replicas_in_sync > devices > 1:
             raise NotImplementedError(
-                "AGNOptimizer does not train across workers yet: it would "
-                "all-reduce every step instead of once per period. Train "
-                "with `tf.distribute.MirroredStrategy` or a CloneModel on one "
-                "machine."
+                "AGNOptimizer trains across workers with one replica per "
+                f"worker, but this worker has {devices} devices. Give each "
+                "worker one device (the default CPU) and split its batch "
+                "across its devices with a CloneModel."
             )
         replica_context = tf.distribute.get_replica_context()
         if replica_context is None:
@@ -355,7 +381,17 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         replica_context.merge_call(
             self._start_from_model, args=(variables, centers)
         )
-        self.inner_optimizer.apply(grads, variables)
+        strategy = tf.distribute.get_strategy()
+        workers = strategy.num_replicas_in_sync
+        if workers > 1 and distribute.one_replica_per_worker(strategy):
+            # Workers train locally between synchronisations, each on the
+            # gradient of its own batch (Keras divides it by the workers).
+            with distribute.local_update(self.inner_optimizer):
+                self.inner_optimizer.apply(
+                    [_scaled(g, workers) for g in grads], variables
+                )
+        else:
+            self.inner_optimizer.apply(grads, variables)
         for accumulator, grad in zip(accumulators, grads):
             accumulator.assign_add(tf.convert_to_tensor(grad))
         replica_context.merge_call(
@@ -379,6 +415,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self._local_step.assign_add(1)
 
         def synchronise():
+            self._communication_rounds.assign_add(1)
             distribution.extended.call_for_each_replica(
                 self._apply_outer, args=(centers, accumulators)
             )

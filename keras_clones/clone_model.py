@@ -10,6 +10,7 @@ from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 
+from keras_clones import distribute
 from keras_clones.deployment import DeploymentConfig
 
 # Reductions that divide by the number of elements: a clone's loss counts in
@@ -63,13 +64,6 @@ def _merge_outputs(outputs, sizes):
     return tf.nest.map_structure(
         lambda *parts: tf.concat([p[:n] for p, n in zip(parts, sizes)], axis=0),
         *outputs,
-    )
-
-
-def _one_replica_per_worker(strategy):
-    """Multi-worker training where each worker is one replica."""
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
-        len(strategy.extended.worker_devices) == 1
     )
 
 
@@ -136,7 +130,9 @@ class CloneModel(keras.Model):
     - `loss` and compiled metrics in the logs are computed on the whole
       batch, as Keras reports them, plus one `clone_i_loss` entry per clone.
       With several outputs, the per-output loss entries are means over the
-      clones' slices (equal to Keras's for equal slices).
+      clones' slices (equal to Keras's for equal slices). With an
+      `AGNOptimizer` (also inside a `LossScaleOptimizer`), the logs show its
+      `communication_rounds`.
 
     XLA: with more than one clone the outer step is never jit-compiled,
     since XLA would ignore `tf.device` and collapse the clones onto one
@@ -206,7 +202,7 @@ class CloneModel(keras.Model):
         self._deployment = deployment
         strategy = self.distribute_strategy
         replicas = strategy.num_replicas_in_sync
-        if replicas > 1 and not _one_replica_per_worker(strategy):
+        if replicas > 1 and not distribute.one_replica_per_worker(strategy):
             raise ValueError(
                 "CloneModel splits each batch across its own clone devices "
                 "and cannot be created under a tf.distribute strategy with "
@@ -317,30 +313,11 @@ class CloneModel(keras.Model):
         # are summed; the logs show the loss of a worker's batch.
         return loss * self.distribute_strategy.num_replicas_in_sync
 
-    def _worker_logs(self, logs):
-        if self.distribute_strategy.num_replicas_in_sync == 1:
-            return logs
-        # Keras averages the workers' logs along axis 0, which 0-d values
-        # lack.
-        return tf.nest.map_structure(
-            lambda v: tf.reshape(v, [1]) if v.shape.rank == 0 else v, logs
-        )
-
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        # Keras builds from the mean of all replicas' first batches, a
-        # reduction that multi-worker strategies cannot run eagerly; the
-        # shapes of this worker's batch are all that building needs.
-        strategy = self.distribute_strategy
-        if strategy.num_replicas_in_sync == 1 or iterator is None:
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        if replicas == 1 or iterator is None:
             return super()._maybe_symbolic_build(iterator, data_batch)
-        for _, _, it in iterator:
-            data_batch = tf.nest.map_structure(
-                lambda v: strategy.experimental_local_results(v)[0],
-                next(it),
-            )
-            break
-        with strategy.scope():
-            self._symbolic_build(data_batch=data_batch)
+        distribute.build_from_local_batch(self, iterator)
 
     def _state_variables(self):
         """Float state that `call()` assigns (e.g. moving statistics)."""
@@ -429,9 +406,13 @@ class CloneModel(keras.Model):
         self._loss_tracker.update_state(
             self._unscaled(total_loss), sample_weight=batch_size
         )
-        return self._worker_logs(
+        logs = dict(
             self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         )
+        rounds = _communication_rounds(self.optimizer)
+        if rounds is not None:
+            logs["communication_rounds"] = rounds
+        return distribute.worker_logs(strategy, logs)
 
     def _pass_overflow_to_loss_scale(self, grads, trainable):
         # A LossScaleOptimizer must see the overflow to lower its scale; it
@@ -465,8 +446,9 @@ class CloneModel(keras.Model):
         self._loss_tracker.update_state(
             self._unscaled(total_loss), sample_weight=batch_size
         )
-        return self._worker_logs(
-            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return distribute.worker_logs(
+            self.distribute_strategy,
+            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight),
         )
 
     def predict_step(self, data):
@@ -494,6 +476,14 @@ class FunctionalCloneModel(CloneModel, Functional):
     Private Keras classes are used here and only here; tests that build
     functional and subclassed CloneModels in one process guard them.
     """
+
+
+def _communication_rounds(optimizer):
+    """The synchronisations an optimizer such as `AGNOptimizer` counts."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    rounds = getattr(optimizer, "communication_rounds", None)
+    return None if rounds is None else tf.convert_to_tensor(rounds)
 
 
 def _sum_gradients(grads):

@@ -83,6 +83,7 @@ def test_update_sequence_matches_hand_computation(name):
         )
         assert int(optimizer.local_step.numpy()) == k + 1
         assert int(optimizer.iterations.numpy()) == k + 1
+        assert int(optimizer.communication_rounds.numpy()) == (k + 1) // 3
 
 
 def test_sgd_center_moves_by_mean_gradient_of_the_period():
@@ -156,6 +157,31 @@ def test_clone_model_with_agn_matches_plain_model_with_agn():
     )
     assert_same_weights(reference, clones, atol=1e-5)
     assert not np.allclose(plain.weights[0].numpy(), clones.weights[0].numpy())
+
+
+@pytest.mark.parametrize("loss_scaled", [False, True])
+def test_clone_model_logs_communication_rounds(loss_scaled):
+    # 6 steps an epoch, period 4: synchronisations after steps 4, 8, 12.
+    optimizer = AGNOptimizer(keras.optimizers.SGD(0.01), 4)
+    if loss_scaled:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    model = regression_model(CloneModel)
+    model.compile(optimizer=optimizer, loss="mse")
+    history = model.fit(
+        *regression_data(), batch_size=4, epochs=2, shuffle=False, verbose=0
+    )
+    assert history.history["communication_rounds"] == [1, 3]
+    # The loss is still the epoch's mean, as a plain model (which does not
+    # log the rounds) reports it.
+    plain = regression_model()
+    plain.compile(AGNOptimizer(keras.optimizers.SGD(0.01), 4), loss="mse")
+    plain_history = plain.fit(
+        *regression_data(), batch_size=4, epochs=2, shuffle=False, verbose=0
+    )
+    assert "communication_rounds" not in plain_history.history
+    np.testing.assert_allclose(
+        history.history["loss"], plain_history.history["loss"], rtol=1e-6
+    )
 
 
 def test_jit_compile_matches_eager_graph():

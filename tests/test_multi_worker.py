@@ -8,9 +8,12 @@ import sys
 
 import numpy as np
 import pytest
+from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
-WORKER = pathlib.Path(__file__).parent / "workers" / "clone_model_worker.py"
+WORKERS = pathlib.Path(__file__).parent / "workers"
+WORKER = WORKERS / "clone_model_worker.py"
+AGN_WORKER = WORKERS / "agn_worker.py"
 
 
 def run(*args):
@@ -69,11 +72,67 @@ def test_workers_hold_bit_identical_weights_and_statistics(results):
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def agn_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("multi_worker_agn")
+    launch = ("-m", "keras_clones.launch", "--workers", "2")
+    run(*launch, str(AGN_WORKER), str(out))
+    run(str(AGN_WORKER), str(out), "--reference")
+    workers = [np.load(out / f"agn_worker_{i}.npz") for i in range(2)]
+    return workers, np.load(out / "agn_reference.npz")
+
+
+def variables(arrays, prefix):
+    return [arrays[f"{prefix}_{i}"] for i in range(4)]
+
+
+def test_agn_with_period_1_is_synchronous_sgd_on_the_global_batch(
+    agn_results,
+):
+    workers, reference = agn_results
+    for worker in workers:
+        for got, want in zip(
+            variables(worker, "p1_weight"), variables(reference, "sync_weight")
+        ):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        np.testing.assert_array_equal(worker["p1_rounds"], [4, 8])
+    for a, b in zip(*(variables(w, "p1_weight") for w in workers)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_agn_workers_train_locally_and_share_the_centers(agn_results):
+    # Period 3, 8 steps: synchronisations after steps 3 and 6, then two
+    # local steps on each worker's own batches.
+    workers, reference = agn_results
+    for index, worker in enumerate(workers):
+        assert worker["p3_local_step"] == 8
+        np.testing.assert_array_equal(worker["p3_rounds"], [1, 2])
+        for got, want in zip(
+            variables(worker, "p3_weight"),
+            variables(reference, f"p3_worker_{index}_weight"),
+        ):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        for got, want in zip(
+            variables(worker, "p3_center"), variables(reference, "p3_center")
+        ):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+    for a, b in zip(*(variables(w, "p3_center") for w in workers)):
+        np.testing.assert_array_equal(a, b)
+    # No gradient was all-reduced since the last synchronisation.
+    for a, b in zip(*(variables(w, "p3_weight") for w in workers)):
+        assert np.abs(a - b).max() > 1e-2
+
+
 def test_the_private_keras_methods_relied_on_still_exist():
-    # CloneModel overrides `_maybe_symbolic_build` and calls
-    # `_symbolic_build` for multi-worker training; a Keras upgrade that
-    # changes them must fail here, not in a cluster.
+    # keras_clones.distribute overrides `_maybe_symbolic_build`, calls
+    # `_symbolic_build` and shadows `_all_reduce_sum_gradients` for
+    # multi-worker training; a Keras upgrade that changes them must fail
+    # here, not in a cluster.
     signature = inspect.signature(TensorFlowTrainer._maybe_symbolic_build)
     assert list(signature.parameters) == ["self", "iterator", "data_batch"]
     signature = inspect.signature(TensorFlowTrainer._symbolic_build)
     assert "data_batch" in signature.parameters
+    signature = inspect.signature(TFOptimizer._all_reduce_sum_gradients)
+    assert list(signature.parameters) == ["self", "grads_and_vars"]
+    source = inspect.getsource(TFOptimizer._backend_update_step)
+    assert "self._all_reduce_sum_gradients(" in source
