@@ -461,6 +461,23 @@ class CloneModel(keras.Model):
         with tf.device(self._deployment.inputs_device()):
             return _merge_outputs(y_preds, [c.size for c in clones])
 
+    def fit(self, *args, **kwargs):
+        return distribute.run_as_worker(self, super().fit, args, kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        return distribute.run_as_worker(self, super().evaluate, args, kwargs)
+
+    def predict(self, *args, **kwargs):
+        return distribute.run_as_worker(self, super().predict, args, kwargs)
+
+    def save(self, filepath, *args, **kwargs):
+        with distribute.write_path(self.distribute_strategy, filepath) as path:
+            return super().save(path, *args, **kwargs)
+
+    def save_weights(self, filepath, *args, **kwargs):
+        with distribute.write_path(self.distribute_strategy, filepath) as path:
+            return super().save_weights(path, *args, **kwargs)
+
     def get_config(self):
         config = super().get_config()
         config["deployment"] = self._deployment.get_config()

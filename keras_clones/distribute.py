@@ -7,14 +7,137 @@ overrides or calls to make it work are named here, and
 """
 
 import contextlib
+import copy
+import inspect
+import os
+import shutil
+import tempfile
 
+import keras
 import tensorflow as tf
+
+# What a collective raises when a peer died (TensorFlow's heartbeats) or did
+# not answer within `CommunicationOptions(timeout_seconds=...)`.
+_LOST_WORKER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.AbortedError,
+)
 
 
 def one_replica_per_worker(strategy):
     """Whether `strategy` is multi-worker training, one replica per worker."""
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
         len(strategy.extended.worker_devices) == 1
+    )
+
+
+def _other_worker(strategy):
+    """Whether this process is a multi-worker worker other than the chief."""
+    return (
+        strategy.num_replicas_in_sync > 1
+        and one_replica_per_worker(strategy)
+        and not strategy.extended.should_checkpoint
+    )
+
+
+@contextlib.contextmanager
+def _scratch_directory(strategy):
+    task = strategy.cluster_resolver.task_id
+    directory = tempfile.mkdtemp(prefix=f"keras_clones_worker_{task}_")
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def write_path(strategy, filepath):
+    """Where this worker writes `filepath`.
+
+    Only the chief writes where it was asked to. Every worker still writes
+    (saving reads variables whose values the workers reduce together), the
+    others to a scratch directory removed afterwards, as tf.keras did.
+    """
+    if not _other_worker(strategy):
+        yield filepath
+        return
+    with _scratch_directory(strategy) as scratch:
+        yield os.path.join(scratch, os.path.basename(os.fspath(filepath)))
+
+
+def _redirected(callback, directory):
+    """A copy of `callback` that writes under `directory`, or itself."""
+    if isinstance(callback, keras.callbacks.BackupAndRestore):
+        # Restore what the chief backed up; write this worker's backups
+        # where nobody reads them.
+        tf.io.gfile.makedirs(directory)
+        if tf.io.gfile.isdir(callback.backup_dir):
+            for name in tf.io.gfile.listdir(callback.backup_dir):
+                tf.io.gfile.copy(
+                    os.path.join(callback.backup_dir, name),
+                    os.path.join(directory, name),
+                )
+        redirected = copy.copy(callback)
+        keras.callbacks.BackupAndRestore.__init__(
+            redirected,
+            directory,
+            save_freq=callback.save_freq,
+            double_checkpoint=callback.double_checkpoint,
+            delete_checkpoint=callback.delete_checkpoint,
+        )
+        return redirected
+    if isinstance(getattr(callback, "log_dir", None), (str, os.PathLike)):
+        # TensorBoard, LossSummaries: event files under `log_dir`.
+        redirected = copy.copy(callback)
+        redirected.log_dir = directory
+        return redirected
+    return callback
+
+
+def run_as_worker(model, method, args, kwargs):
+    """Runs `fit`, `evaluate` or `predict` as this worker should.
+
+    On workers other than the chief, progress bars are off unless `verbose`
+    asks for them, and callbacks that write files write to a scratch
+    directory (see `write_path`). On every worker, losing another worker is
+    an error that says what happened and what to do.
+    """
+    strategy = model.distribute_strategy
+    if strategy.num_replicas_in_sync == 1 or not one_replica_per_worker(
+        strategy
+    ):
+        return method(*args, **kwargs)
+    try:
+        if not _other_worker(strategy):
+            return method(*args, **kwargs)
+        bound = inspect.signature(method).bind(*args, **kwargs)
+        if bound.arguments.get("verbose", "auto") == "auto":
+            bound.arguments["verbose"] = 0
+        callbacks = bound.arguments.get("callbacks")
+        if not isinstance(callbacks, (list, tuple)):
+            # None, or the `CallbackList` that `fit` hands to `evaluate`.
+            return method(*bound.args, **bound.kwargs)
+        with _scratch_directory(strategy) as scratch:
+            bound.arguments["callbacks"] = [
+                _redirected(c, os.path.join(scratch, str(i)))
+                for i, c in enumerate(callbacks)
+            ]
+            return method(*bound.args, **bound.kwargs)
+    except _LOST_WORKER_ERRORS as e:
+        raise type(e)(e.node_def, e.op, _lost_worker_message(e)) from e
+
+
+def _lost_worker_message(error):
+    return (
+        "Multi-worker training stopped: another worker died or stopped "
+        "answering. TensorFlow notices a dead worker within about 10 seconds "
+        "(heartbeats), and a worker that is alive but stuck after the "
+        "`timeout_seconds` of the strategy's "
+        "`tf.distribute.experimental.CommunicationOptions` (none by default). "
+        "Restart every worker; with `keras.callbacks.BackupAndRestore`, "
+        "training resumes from the last backup.\n\n"
+        f"TensorFlow reported: {error.message}"
     )
 
 

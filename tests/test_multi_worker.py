@@ -3,8 +3,10 @@
 import inspect
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -14,18 +16,25 @@ from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 WORKERS = pathlib.Path(__file__).parent / "workers"
 WORKER = WORKERS / "clone_model_worker.py"
 AGN_WORKER = WORKERS / "agn_worker.py"
+CHIEF_WORKER = WORKERS / "chief_worker.py"
+LOST_WORKER = WORKERS / "lost_worker.py"
+LAUNCH = ("-m", "keras_clones.launch", "--workers", "2")
 
 
-def run(*args):
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+def run(*args, fails=False, **env):
+    env = dict(
+        os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", **env
+    )
     result = subprocess.run(
         [sys.executable, *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         env=env,
         timeout=300,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (result.returncode != 0) == fails, result.stdout[-6000:]
+    return result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +84,7 @@ def test_workers_hold_bit_identical_weights_and_statistics(results):
 @pytest.fixture(scope="module")
 def agn_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("multi_worker_agn")
-    launch = ("-m", "keras_clones.launch", "--workers", "2")
-    run(*launch, str(AGN_WORKER), str(out))
+    run(*LAUNCH, str(AGN_WORKER), str(out))
     run(str(AGN_WORKER), str(out), "--reference")
     workers = [np.load(out / f"agn_worker_{i}.npz") for i in range(2)]
     return workers, np.load(out / "agn_reference.npz")
@@ -121,6 +129,84 @@ def test_agn_workers_train_locally_and_share_the_centers(agn_results):
     # No gradient was all-reduced since the last synchronisation.
     for a, b in zip(*(variables(w, "p3_weight") for w in workers)):
         assert np.abs(a - b).max() > 1e-2
+
+
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory):
+    """Two runs of chief_worker.py: one crashes at epoch 2, one resumes."""
+    out = tmp_path_factory.mktemp("multi_worker_restart")
+    scratch = out / "scratch"
+    scratch.mkdir()
+    args = (*LAUNCH, str(CHIEF_WORKER), str(out))
+    crashed = run(*args, "--crash-at-epoch", "2", fails=True, TMPDIR=scratch)
+    assert "crash at epoch 2" in crashed
+    resumed = run(*args, TMPDIR=scratch)
+    run(str(CHIEF_WORKER), str(out), "--reference")
+    return out, crashed + resumed
+
+
+def test_restarted_workers_resume_from_the_backup_exactly(restarted):
+    out, _ = restarted
+    workers = [np.load(out / f"worker_{i}.npz") for i in range(2)]
+    reference = np.load(out / "reference.npz")
+    for name in reference.files:
+        np.testing.assert_allclose(workers[0][name], reference[name], atol=1e-5)
+        np.testing.assert_array_equal(workers[0][name], workers[1][name])
+
+
+def test_only_the_chief_writes_files(restarted):
+    import keras
+
+    import keras_clones  # noqa: F401  (registers CloneModel for loading)
+
+    out, output = restarted
+    pids = {
+        worker: set(re.findall(rf"\[worker {worker}\] pid=(\d+)", output))
+        for worker in (0, 1)
+    }
+    assert len(pids[0]) == len(pids[1]) == 2  # One per run.
+    for log_dir in ("tensorboard/train", "summaries/train"):
+        writers = {name.split(".")[-3] for name in os.listdir(out / log_dir)}
+        assert writers == pids[0], log_dir
+    assert sorted(os.listdir(out / "checkpoints")) == [
+        f"epoch_{epoch}.keras" for epoch in (1, 2, 3)
+    ]
+    assert not (out / "backup").exists()  # Deleted when training ended.
+    assert os.listdir(out / "scratch") == []  # Other workers cleaned up.
+    worker = np.load(out / "worker_0.npz")
+    for path in ("final.keras", "checkpoints/epoch_3.keras"):
+        loaded = keras.models.load_model(out / path)
+        for i, weight in enumerate(loaded.get_weights()):
+            np.testing.assert_array_equal(weight, worker[f"arr_{i}"])
+
+
+def test_progress_bars_print_on_the_chief_only(restarted):
+    _, output = restarted
+    bars = re.findall(r"\[worker (\d)\].* - loss: ", output)
+    assert bars and set(bars) == {"0"}
+
+
+@pytest.mark.parametrize("mode, grace_period", [("kill", 120), ("stall", 5)])
+def test_a_lost_worker_ends_the_others_in_bounded_time(mode, grace_period):
+    # After a kill, worker 0 must fail by itself, long before the launcher
+    # would stop it; a stalled worker 1 is stopped after worker 0 failed.
+    start = time.monotonic()
+    output = run(
+        *LAUNCH,
+        "--grace-period",
+        str(grace_period),
+        str(LOST_WORKER),
+        mode,
+        fails=True,
+    )
+    elapsed = time.monotonic() - start
+    assert "worker 0 exited with code 1" in output, output[-6000:]
+    assert "another worker died or stopped answering" in output
+    lost = re.search(r"\[worker 1\] batch 5 done at ([\d.]+)", output)
+    failed = re.search(r"\[worker 0\] failed at ([\d.]+)", output)
+    assert lost and failed, output[-6000:]
+    waited = float(failed[1]) - float(lost[1])
+    assert 0 < waited < 60, (waited, elapsed)
 
 
 def test_the_private_keras_methods_relied_on_still_exist():

@@ -210,7 +210,7 @@ class LossSummaries(keras.callbacks.Callback):
         self._write(self._train_writer, scalars, histograms)
 
     def _write(self, writer, scalars, histograms=None):
-        step = int(self.model.optimizer.iterations)
+        step = int(self.model.optimizer.iterations.numpy())
         # `keras.callbacks.TensorBoard(update_freq=N)` keeps a `record_if`
         # set during `fit`; these summaries must not depend on it.
         with writer.as_default(), tf.summary.record_if(True):
