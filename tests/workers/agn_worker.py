@@ -8,9 +8,7 @@ workers should hold, from the batches they saved, and trains a plain model
 with synchronous SGD on the global batch, which period 1 must equal.
 """
 
-import json
 import os
-import sys
 
 import keras
 import numpy as np
@@ -20,6 +18,7 @@ from clone_model_worker import GLOBAL_BATCH
 from clone_model_worker import clone_model
 from clone_model_worker import data
 from clone_model_worker import layers
+from clone_model_worker import run
 
 import keras_clones
 
@@ -132,8 +131,4 @@ def reference(out):
 
 
 if __name__ == "__main__":
-    if "--reference" in sys.argv:
-        reference(sys.argv[1])
-    else:
-        task = json.loads(os.environ["TF_CONFIG"])["task"]
-        worker(sys.argv[1], task["index"])
+    run(worker, reference)

@@ -9,7 +9,6 @@ saved, and each worker saves its weights to `OUT/worker_<i>.npz`. With
 `--reference` it trains, in one process, the plain model the run must match.
 """
 
-import json
 import os
 import sys
 
@@ -20,6 +19,7 @@ from clone_model_worker import GLOBAL_BATCH
 from clone_model_worker import clone_model
 from clone_model_worker import data
 from clone_model_worker import layers
+from clone_model_worker import run
 
 import keras_clones
 
@@ -75,8 +75,4 @@ def reference(out):
 
 
 if __name__ == "__main__":
-    if "--reference" in sys.argv:
-        reference(sys.argv[1])
-    else:
-        task = json.loads(os.environ["TF_CONFIG"])["task"]
-        worker(sys.argv[1], task["index"])
+    run(worker, reference)

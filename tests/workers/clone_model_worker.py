@@ -69,17 +69,16 @@ def save(path, **models_and_losses):
     np.savez(path, **arrays)
 
 
-def main(out):
+def run(worker, reference):
+    """`reference(OUT)` with `--reference`, else `worker(OUT, task index)`."""
+    out = sys.argv[1]
     if "--reference" in sys.argv:
-        plain = keras.Model(*layers(batch_norm=False))
-        clones = clone_model(batch_norm=True, num_clones=4)
-        save(
-            os.path.join(out, "reference.npz"),
-            plain=(plain, train(plain)),
-            bn=(clones, train(clones)),
-        )
-        return
-    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        reference(out)
+    else:
+        worker(out, json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+
+
+def worker(out, index):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
         plain = clone_model(batch_norm=False, num_clones=2)
@@ -91,5 +90,15 @@ def main(out):
     )
 
 
+def reference(out):
+    plain = keras.Model(*layers(batch_norm=False))
+    clones = clone_model(batch_norm=True, num_clones=4)
+    save(
+        os.path.join(out, "reference.npz"),
+        plain=(plain, train(plain)),
+        bn=(clones, train(clones)),
+    )
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run(worker, reference)
