@@ -10,6 +10,7 @@ import contextlib
 import copy
 import inspect
 import os
+import random
 import shutil
 import tempfile
 
@@ -100,32 +101,56 @@ def run_as_worker(model, method, args, kwargs):
 
     On workers other than the chief, progress bars are off unless `verbose`
     asks for them, and callbacks that write files write to a scratch
-    directory (see `write_path`). On every worker, losing another worker is
-    an error that says what happened and what to do.
+    directory (see `write_path`). Workers shuffle arrays alike, so that each
+    takes its own part of every batch. On every worker, losing another
+    worker is an error that says what happened and what to do.
     """
     strategy = model.distribute_strategy
     if strategy.num_replicas_in_sync == 1 or not one_replica_per_worker(
         strategy
     ):
         return method(*args, **kwargs)
+    bound = inspect.signature(method).bind(*args, **kwargs)
+    bound.apply_defaults()
+    arguments = bound.arguments
     try:
+        if arguments.get("shuffle") and not isinstance(
+            arguments.get("x"), tf.data.Dataset
+        ):
+            # Keras shuffles arrays with TensorFlow's global generator.
+            tf.random.set_seed(_chief_seed(strategy))
         if not _other_worker(strategy):
-            return method(*args, **kwargs)
-        bound = inspect.signature(method).bind(*args, **kwargs)
-        if bound.arguments.get("verbose", "auto") == "auto":
-            bound.arguments["verbose"] = 0
-        callbacks = bound.arguments.get("callbacks")
+            return method(*bound.args, **bound.kwargs)
+        if arguments.get("verbose") == "auto":
+            arguments["verbose"] = 0
+        callbacks = arguments.get("callbacks")
         if not isinstance(callbacks, (list, tuple)):
             # None, or the `CallbackList` that `fit` hands to `evaluate`.
             return method(*bound.args, **bound.kwargs)
         with _scratch_directory(strategy) as scratch:
-            bound.arguments["callbacks"] = [
+            arguments["callbacks"] = [
                 _redirected(c, os.path.join(scratch, str(i)))
                 for i, c in enumerate(callbacks)
             ]
             return method(*bound.args, **bound.kwargs)
     except _LOST_WORKER_ERRORS as e:
         raise type(e)(e.node_def, e.op, _lost_worker_message(e)) from e
+
+
+def _chief_seed(strategy):
+    """A seed drawn by the chief (from Python's `random`), on every worker."""
+    seed = random.randrange(2**31) if strategy.extended.should_checkpoint else 0
+
+    @tf.function
+    def broadcast():
+        def add():
+            context = tf.distribute.get_replica_context()
+            value = tf.identity(tf.constant(seed, "int64"))
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+        return strategy.run(add)
+
+    return int(strategy.experimental_local_results(broadcast())[0])
 
 
 def _lost_worker_message(error):

@@ -18,6 +18,7 @@ WORKER = WORKERS / "clone_model_worker.py"
 AGN_WORKER = WORKERS / "agn_worker.py"
 CHIEF_WORKER = WORKERS / "chief_worker.py"
 LOST_WORKER = WORKERS / "lost_worker.py"
+ARRAY_WORKER = WORKERS / "array_worker.py"
 LAUNCH = ("-m", "keras_clones.launch", "--workers", "2")
 
 
@@ -207,6 +208,18 @@ def test_a_lost_worker_ends_the_others_in_bounded_time(mode, grace_period):
     assert lost and failed, output[-6000:]
     waited = float(failed[1]) - float(lost[1])
     assert 0 < waited < 60, (waited, elapsed)
+
+
+def test_shuffled_arrays_give_every_row_to_one_worker_once_an_epoch(
+    tmp_path,
+):
+    run(*LAUNCH, str(ARRAY_WORKER), str(tmp_path))
+    for i in range(2):
+        counts = np.load(tmp_path / f"array_worker_{i}.npz")
+        np.testing.assert_array_equal(counts["seen"], np.full(64, 3))
+        # Unshuffled, the last clones would have trained on rows 52-55 (on
+        # worker 0) and 60-63 (worker 1), whose ids sum to these.
+        assert not np.array_equal(counts["last"][:4], [112, 114, 116, 118])
 
 
 def test_the_private_keras_methods_relied_on_still_exist():
