@@ -201,6 +201,11 @@ class CloneModel(keras.Model):
             )
         self._deployment = deployment
         strategy = self.distribute_strategy
+        # Before the clones' loss trackers create variables that the workers
+        # initialise together.
+        distribute.check_same_on_every_worker(
+            strategy, "the deployment", deployment.get_config()
+        )
         replicas = strategy.num_replicas_in_sync
         if replicas > 1 and not distribute.one_replica_per_worker(strategy):
             raise ValueError(

@@ -9,10 +9,12 @@ overrides or calls to make it work are named here, and
 import contextlib
 import copy
 import inspect
+import json
 import os
 import random
 import shutil
 import tempfile
+import zlib
 
 import keras
 import tensorflow as tf
@@ -114,6 +116,15 @@ def run_as_worker(model, method, args, kwargs):
     bound.apply_defaults()
     arguments = bound.arguments
     try:
+        check_same_on_every_worker(
+            strategy,
+            "the model, its compilation and its deployment",
+            {
+                "model": _config(model),
+                "weights": [(w.path, w.shape, w.dtype) for w in model.weights],
+                "compile": model.get_compile_config(),
+            },
+        )
         if arguments.get("shuffle") and not isinstance(
             arguments.get("x"), tf.data.Dataset
         ):
@@ -135,6 +146,46 @@ def run_as_worker(model, method, args, kwargs):
             return method(*bound.args, **bound.kwargs)
     except _LOST_WORKER_ERRORS as e:
         raise type(e)(e.node_def, e.op, _lost_worker_message(e)) from e
+
+
+def check_same_on_every_worker(strategy, what, description):
+    """Raises if the workers' `description`s (JSON-able) differ.
+
+    Workers that disagree on what they train would otherwise hang in
+    mismatched collectives or silently train different things.
+    """
+    if strategy.num_replicas_in_sync == 1 or not one_replica_per_worker(
+        strategy
+    ):
+        return
+    text = json.dumps(description, sort_keys=True, default=repr)
+    fingerprint = zlib.crc32(text.encode())
+
+    @tf.function
+    def gather():
+        def gather_one():
+            context = tf.distribute.get_replica_context()
+            value = tf.identity(tf.constant([fingerprint], "int64"))
+            return context.all_gather(value, axis=0)
+
+        return strategy.run(gather_one)
+
+    fingerprints = strategy.experimental_local_results(gather())[0].numpy()
+    if len(set(fingerprints)) > 1:
+        task = strategy.cluster_resolver.task_id
+        raise ValueError(
+            f"The workers do not agree on {what} (fingerprints by task: "
+            f"{fingerprints.tolist()}): every worker must run the same script "
+            f"with the same configuration. This worker (task {task}) has: "
+            f"{text[:2000]}"
+        )
+
+
+def _config(model):
+    try:
+        return model.get_config()  # Includes the deployment.
+    except NotImplementedError:  # A subclassed model without a config.
+        return [type(model).__qualname__, model.deployment.get_config()]
 
 
 def _chief_seed(strategy):

@@ -19,6 +19,7 @@ AGN_WORKER = WORKERS / "agn_worker.py"
 CHIEF_WORKER = WORKERS / "chief_worker.py"
 LOST_WORKER = WORKERS / "lost_worker.py"
 ARRAY_WORKER = WORKERS / "array_worker.py"
+MISMATCH_WORKER = WORKERS / "mismatch_worker.py"
 LAUNCH = ("-m", "keras_clones.launch", "--workers", "2")
 
 
@@ -220,6 +221,27 @@ def test_shuffled_arrays_give_every_row_to_one_worker_once_an_epoch(
         # Unshuffled, the last clones would have trained on rows 52-55 (on
         # worker 0) and 60-63 (worker 1), whose ids sum to these.
         assert not np.array_equal(counts["last"][:4], [112, 114, 116, 118])
+
+
+@pytest.mark.parametrize(
+    "mode, what",
+    [("clones", "the deployment"), ("activation", "the model")],
+)
+def test_workers_that_disagree_fail_with_a_clear_error(mode, what):
+    output = run(
+        *LAUNCH,
+        "--grace-period",
+        "60",
+        str(MISMATCH_WORKER),
+        mode,
+        fails=True,
+    )
+    for worker in (0, 1):
+        assert (
+            f"[worker {worker}] ValueError: The workers do not agree on {what}"
+            in output
+        )
+        assert f"worker {worker} exited with code 1" in output
 
 
 def test_the_private_keras_methods_relied_on_still_exist():

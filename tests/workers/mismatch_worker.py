@@ -1,0 +1,41 @@
+"""A 2-worker run whose workers disagree; see tests/test_multi_worker.py.
+
+`clones`: worker 1 has one clone instead of two. `activation`: worker 1's
+hidden layer has another activation (the same weight shapes, so nothing
+else would notice). Both workers must fail with keras_clones's error.
+"""
+
+import json
+import os
+import sys
+
+import keras
+from clone_model_worker import data
+
+import keras_clones
+
+
+def main(mode):
+    import tensorflow as tf
+
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    odd = index == 1
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        inputs = keras.Input((5,))
+        activation = "relu" if odd and mode == "activation" else "tanh"
+        hidden = keras.layers.Dense(8, activation=activation)(inputs)
+        devices = (
+            ["/cpu:0"] if odd and mode == "clones" else ["/cpu:0", "/cpu:1"]
+        )
+        model = keras_clones.CloneModel(
+            inputs,
+            keras.layers.Dense(1)(hidden),
+            deployment=keras_clones.DeploymentConfig(devices=devices),
+        )
+        model.compile("sgd", "mse")
+    model.fit(*data(), batch_size=16, verbose=0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
