@@ -64,14 +64,6 @@ def _update(distribution, variable, value):
     )
 
 
-def _scaled(grad, factor):
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            grad.values * factor, grad.indices, grad.dense_shape
-        )
-    return grad * factor
-
-
 def _device_list(global_device):
     if global_device is None:
         return [None]
@@ -388,7 +380,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             # gradient of its own batch (Keras divides it by the workers).
             with distribute.local_update(self.inner_optimizer):
                 self.inner_optimizer.apply(
-                    [_scaled(g, workers) for g in grads], variables
+                    [distribute.scaled(g, workers) for g in grads], variables
                 )
         else:
             self.inner_optimizer.apply(grads, variables)

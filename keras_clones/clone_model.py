@@ -382,6 +382,10 @@ class CloneModel(keras.Model):
 
         with tf.device(self._deployment.optimizer_device()):
             grads = [_sum_gradients(g) for g in zip(*clone_grads)]
+            if strategy.num_replicas_in_sync > 1 and isinstance(
+                self.optimizer, keras.optimizers.LossScaleOptimizer
+            ):
+                grads = distribute.agree_on_overflow(grads)
             total_loss = tf.add_n(clone_losses)
             if state_deltas and strategy.num_replicas_in_sync > 1:
                 # Workers' statistics move by the mean of their updates.

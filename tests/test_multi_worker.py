@@ -20,6 +20,7 @@ CHIEF_WORKER = WORKERS / "chief_worker.py"
 LOST_WORKER = WORKERS / "lost_worker.py"
 ARRAY_WORKER = WORKERS / "array_worker.py"
 MISMATCH_WORKER = WORKERS / "mismatch_worker.py"
+LSO_WORKER = WORKERS / "lso_worker.py"
 LAUNCH = ("-m", "keras_clones.launch", "--workers", "2")
 
 
@@ -221,6 +222,19 @@ def test_shuffled_arrays_give_every_row_to_one_worker_once_an_epoch(
         # Unshuffled, the last clones would have trained on rows 52-55 (on
         # worker 0) and 60-63 (worker 1), whose ids sum to these.
         assert not np.array_equal(counts["last"][:4], [112, 114, 116, 118])
+
+
+def test_loss_scaling_skips_a_step_on_every_worker_alike(tmp_path):
+    # Only one worker's gradients overflow; deciding alone, it would skip
+    # the all-reduce the other waits in.
+    run(*LAUNCH, str(LSO_WORKER), str(tmp_path))
+    run(str(LSO_WORKER), str(tmp_path), "--reference")
+    reference = np.load(tmp_path / "lso_reference.npz")
+    assert reference["scale"] == 2.0**13  # Two skipped steps.
+    for i in range(2):
+        worker = np.load(tmp_path / f"lso_{i}.npz")
+        for name in reference.files:
+            np.testing.assert_allclose(worker[name], reference[name], atol=1e-5)
 
 
 @pytest.mark.parametrize(
