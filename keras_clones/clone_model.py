@@ -11,6 +11,8 @@ from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 
 from keras_clones import distribute
+from keras_clones import replication
+from keras_clones.agn import AGNOptimizer
 from keras_clones.deployment import DeploymentConfig
 
 # Reductions that divide by the number of elements: a clone's loss counts in
@@ -175,6 +177,8 @@ class CloneModel(keras.Model):
     # Set by `keras_clones.callbacks` for the length of a `fit`.
     _non_finite_guard = None
     _step_recorder = None
+    # The copies of `variable_update="replicated"`, built for training.
+    _replicas = None
 
     def __new__(cls, *args, **kwargs):
         if cls is CloneModel and functional_init_arguments(args, kwargs):
@@ -252,7 +256,40 @@ class CloneModel(keras.Model):
 
     def make_train_function(self, force=False):
         self._check_deployment()
+        self._prepare_replicas()
         return super().make_train_function(force)
+
+    def _prepare_replicas(self):
+        """Builds the copies of replicated variables, to sync before a step."""
+        deployment = self._deployment
+        if deployment.variable_update != "replicated" or (
+            deployment.num_clones == 1 or self.optimizer is None
+        ):
+            self._replicas = None
+            return
+        if self.distribute_strategy.num_replicas_in_sync > 1:
+            raise NotImplementedError(
+                "`variable_update='replicated'` does not train across "
+                "workers yet. Use `variable_update='parameter_server'` "
+                "under MultiWorkerMirroredStrategy."
+            )
+        optimizer = self.optimizer
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            optimizer = optimizer.inner_optimizer
+        if isinstance(optimizer, AGNOptimizer):
+            raise NotImplementedError(
+                "`variable_update='replicated'` does not work with an "
+                "AGNOptimizer yet. Use `variable_update='parameter_server'`."
+            )
+        replicas = self._replicas
+        if (
+            replicas is None
+            or replicas.optimizer is not self.optimizer
+            or list(map(id, replicas.variables[0]))
+            != list(map(id, self.trainable_variables))
+        ):
+            self._replicas = replication.Replicas(self)
+        self._replicas.mark_stale()
 
     def make_test_function(self, force=False):
         self._check_deployment()
@@ -348,6 +385,9 @@ class CloneModel(keras.Model):
         strategy = self.distribute_strategy
         (x, y, sample_weight), batch_size, clones = self._split(data)
         trainable = self.trainable_variables
+        replicas = self._replicas
+        if replicas is not None:
+            replicas.sync_if_stale()
         state = self._state_variables()
         state_before = [tf.identity(v.value) for v in state]
         state_deltas = [tf.zeros_like(s) for s in state_before]
@@ -357,31 +397,45 @@ class CloneModel(keras.Model):
             device_scope, name_scope = self._clone_scopes(i)
             with device_scope, name_scope:
                 with tf.GradientTape() as tape:
-                    y_pred = self._call_clone(x_i, training=True)
-                    loss = self.compute_loss(
-                        x=x_i,
-                        y=y_i,
-                        y_pred=y_pred,
-                        sample_weight=sw_i,
-                        training=True,
-                    )
+                    # Reads clone i's copies, where the tape sees them.
+                    copies = None if replicas is None else replicas.scope(i)
+                    with copies or contextlib.nullcontext():
+                        y_pred = self._call_clone(x_i, training=True)
+                        loss = self.compute_loss(
+                            x=x_i,
+                            y=y_i,
+                            y_pred=y_pred,
+                            sample_weight=sw_i,
+                            training=True,
+                        )
                     contribution = self._weighted_loss(loss, clone, reduction)
                     scaled = contribution
                     if self.optimizer is not None:
                         scaled = self.optimizer.scale_loss(contribution)
-                clone_grads.append(tape.gradient(scaled, trainable))
+                variables = (
+                    trainable if copies is None else replicas.variables[i]
+                )
+                clone_grads.append(tape.gradient(scaled, variables))
                 # Each clone starts from the same state; keep its update.
                 for k, (v, before) in enumerate(zip(state, state_before)):
-                    state_deltas[k] += (tf.identity(v.value) - before) * (
+                    after = v.value if copies is None else copies.value_of(v)
+                    state_deltas[k] += (tf.identity(after) - before) * (
                         clone.share
                     )
-                    v.assign(before)
+                    if copies is None:
+                        v.assign(before)
+                if copies is not None:
+                    copies.apply_updates(exclude=state)
             clone_losses.append(contribution)
             y_preds.append(y_pred)
             self._track_clone_loss(i, loss, clone)
 
         with tf.device(self._deployment.optimizer_device()):
-            grads = [_sum_gradients(g) for g in zip(*clone_grads)]
+            if replicas is None:
+                grads = [_sum_gradients(g) for g in zip(*clone_grads)]
+            else:
+                clone_grads = replicas.all_reduce(clone_grads)
+                grads = clone_grads[0]
             if strategy.num_replicas_in_sync > 1 and isinstance(
                 self.optimizer, keras.optimizers.LossScaleOptimizer
             ):
@@ -395,21 +449,32 @@ class CloneModel(keras.Model):
             if self._step_recorder is not None:
                 self._step_recorder.record(grads, trainable)
 
+            def apply_gradients():
+                if replicas is None:
+                    self.optimizer.apply(grads, trainable)
+                else:
+                    replicas.apply(clone_grads)
+
             def update():
                 for v, before, delta in zip(state, state_before, state_deltas):
                     v.assign(before + delta)
                 if trainable and self.optimizer is not None:
-                    self.optimizer.apply(grads, trainable)
+                    apply_gradients()
 
             if self._non_finite_guard is None:
                 update()
             else:
+                # A LossScaleOptimizer must see the overflow to lower its
+                # scale; it skips its inner optimizer's update itself.
+                loss_scaled = isinstance(
+                    self.optimizer, keras.optimizers.LossScaleOptimizer
+                )
                 self._non_finite_guard.apply_if_finite(
                     update,
                     grads,
                     trainable,
                     loss=total_loss,
-                    on_skip=self._pass_overflow_to_loss_scale(grads, trainable),
+                    on_skip=apply_gradients if loss_scaled else None,
                 )
             y_pred = _merge_outputs(y_preds, [c.size for c in clones])
         self._loss_tracker.update_state(
@@ -422,13 +487,6 @@ class CloneModel(keras.Model):
         if rounds is not None:
             logs["communication_rounds"] = rounds
         return distribute.worker_logs(strategy, logs)
-
-    def _pass_overflow_to_loss_scale(self, grads, trainable):
-        # A LossScaleOptimizer must see the overflow to lower its scale; it
-        # skips its inner optimizer's update itself.
-        if not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            return None
-        return lambda: self.optimizer.apply(grads, trainable)
 
     def test_step(self, data):
         reduction = _loss_reduction(self.loss)

@@ -3,6 +3,22 @@
 import tensorflow as tf
 
 _KNOWN_DEVICE_TYPES = ("CPU", "GPU", "TPU")
+_VARIABLE_UPDATES = ("parameter_server", "replicated")
+# tf.distribute's cross-device ops, by the name `all_reduce` takes.
+_ALL_REDUCES = {
+    "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
+    "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+    "nccl": tf.distribute.NcclAllReduce,
+}
+
+
+def _hierarchical_copy_sums(num_clones):
+    """Device counts `tf.distribute.HierarchicalCopyAllReduce` sums right.
+
+    With an odd number of devices (TensorFlow 2.21) it drops the last
+    device's values; it is tested here for 2, 4, 6 and 8.
+    """
+    return num_clones in (1, 2, 4, 6, 8)
 
 
 def _check_count(name, value, minimum):
@@ -66,6 +82,14 @@ class DeploymentConfig:
     explicitly instead, e.g. `devices=["/cpu:0", "/cpu:1"]` for two logical
     CPU devices.
 
+    `variable_update` chooses where the trainable variables live.
+    `"parameter_server"` (model_deploy's way) keeps one copy, which every
+    clone reads at every step. `"replicated"` (tf_cnn_benchmarks'
+    `VariableMgrLocalReplicated`) keeps a copy of every trainable variable,
+    and of the optimizer state its update needs, on every clone device: the
+    clones' gradients are all-reduced with `all_reduce` and every copy
+    applies the same update, so the copies stay identical.
+
     `replica_id`, `num_replicas`, `num_ps_tasks` and the job names describe a
     parameter-server topology: they prefix device strings with
     `/job:<worker_job_name>` and spread variables round-robin over
@@ -87,6 +111,17 @@ class DeploymentConfig:
         worker_job_name: Name of the worker job.
         ps_job_name: Name of the parameter-server job.
         devices: Optional list of clone devices, one per clone.
+        variable_update: `"parameter_server"` (the default) or
+            `"replicated"`.
+        all_reduce: With `variable_update="replicated"`, TensorFlow's
+            cross-device all-reduce to use: `"reduction_to_one_device"`
+            (`tf.distribute.ReductionToOneDevice`), `"hierarchical_copy"`
+            (`tf.distribute.HierarchicalCopyAllReduce`) or `"nccl"`
+            (`tf.distribute.NcclAllReduce`, physical GPUs only). By default
+            NCCL when the clones run on distinct physical GPUs, hierarchical
+            copy on logical GPUs of one GPU (2, 4, 6 or 8 of them: with an
+            odd number it drops a device's values), else reduction to one
+            device.
 
     Example:
 
@@ -107,6 +142,8 @@ class DeploymentConfig:
         worker_job_name="worker",
         ps_job_name="ps",
         devices=None,
+        variable_update="parameter_server",
+        all_reduce=None,
     ):
         if devices is not None:
             if num_clones is not None:
@@ -173,6 +210,42 @@ class DeploymentConfig:
                 "`replica_id` must be less than `num_replicas`. Received: "
                 f"replica_id={replica_id}, num_replicas={num_replicas}."
             )
+        if variable_update not in _VARIABLE_UPDATES:
+            raise ValueError(
+                "`variable_update` must be one of "
+                f"{', '.join(map(repr, _VARIABLE_UPDATES))}. Received: "
+                f"variable_update={variable_update!r}."
+            )
+        if all_reduce is not None:
+            if all_reduce not in _ALL_REDUCES:
+                raise ValueError(
+                    "`all_reduce` must be None or one of "
+                    f"{', '.join(map(repr, _ALL_REDUCES))}. Received: "
+                    f"all_reduce={all_reduce!r}."
+                )
+            if variable_update != "replicated":
+                raise ValueError(
+                    "`all_reduce` chooses how replicated variables are kept "
+                    "in sync, so it needs `variable_update='replicated'`. "
+                    f"Received: all_reduce={all_reduce!r}, "
+                    f"variable_update={variable_update!r}."
+                )
+        if all_reduce == "hierarchical_copy" and not _hierarchical_copy_sums(
+            num_clones
+        ):
+            raise ValueError(
+                "`all_reduce='hierarchical_copy'` needs an even number of "
+                "clones, at most 8: with an odd number TensorFlow's "
+                "`HierarchicalCopyAllReduce` leaves out the last device's "
+                f"values. Received {num_clones} clones; use "
+                "`all_reduce='reduction_to_one_device'` (or None)."
+            )
+        if variable_update == "replicated" and num_ps_tasks > 0:
+            raise ValueError(
+                "`variable_update='replicated'` keeps the variables on the "
+                "clone devices, while parameter servers hold the one copy; "
+                f"use `num_ps_tasks=0`. Received: num_ps_tasks={num_ps_tasks}."
+            )
         self._num_clones = num_clones
         self._clone_on_cpu = clone_on_cpu
         self._replica_id = replica_id
@@ -181,6 +254,8 @@ class DeploymentConfig:
         self._worker_job_name = worker_job_name
         self._ps_job_name = ps_job_name
         self._devices = devices
+        self._variable_update = variable_update
+        self._all_reduce = all_reduce
         uses_ps = num_ps_tasks > 0
         self._worker_device = f"/job:{worker_job_name}" if uses_ps else ""
         self._ps_device = f"/job:{ps_job_name}" if uses_ps else ""
@@ -219,6 +294,51 @@ class DeploymentConfig:
     def devices(self):
         """The explicit clone devices, canonicalised, or `None`."""
         return None if self._devices is None else list(self._devices)
+
+    @property
+    def variable_update(self):
+        return self._variable_update
+
+    @property
+    def all_reduce(self):
+        """The `all_reduce` asked for, or `None` for the default."""
+        return self._all_reduce
+
+    def cross_device_ops(self):
+        """The `tf.distribute.CrossDeviceOps` for replicated variables.
+
+        It reads the machine's devices, so it initialises the TensorFlow
+        runtime. Raises `ValueError` if `all_reduce` cannot run on the clone
+        devices.
+        """
+        devices = [
+            tf.DeviceSpec.from_string(self.clone_device(i))
+            for i in range(self._num_clones)
+        ]
+        on_gpus = all(d.device_type == "GPU" for d in devices)
+        physical = len(tf.config.list_physical_devices("GPU"))
+        shared = len(tf.config.list_logical_devices("GPU")) > physical
+        name = self._all_reduce
+        if name is None:
+            name = "reduction_to_one_device"
+            if on_gpus and not shared:
+                name = "nccl"
+            elif on_gpus and _hierarchical_copy_sums(self._num_clones):
+                name = "hierarchical_copy"
+        if name == "nccl" and not on_gpus:
+            raise ValueError(
+                "`all_reduce='nccl'` needs every clone on a GPU, but the "
+                f"clones run on {[d.to_string() for d in devices]}. Use "
+                "`all_reduce='reduction_to_one_device'` (or None)."
+            )
+        if name == "nccl" and shared:
+            raise ValueError(
+                "`all_reduce='nccl'` cannot run on logical GPUs that share "
+                f"a physical GPU (this machine has {physical} physical GPU(s) "
+                "split into more logical ones). Use "
+                "`all_reduce='hierarchical_copy'` (or None)."
+            )
+        return _ALL_REDUCES[name]()
 
     def _check_clone_index(self, clone_index):
         if isinstance(clone_index, bool) or not isinstance(clone_index, int):
@@ -297,6 +417,8 @@ class DeploymentConfig:
                     "`tf.config.set_logical_device_configuration` before "
                     "TensorFlow starts."
                 )
+        if self._variable_update == "replicated":
+            self.cross_device_ops()
 
     def get_config(self):
         return {
@@ -308,6 +430,8 @@ class DeploymentConfig:
             "worker_job_name": self._worker_job_name,
             "ps_job_name": self._ps_job_name,
             "devices": self.devices,
+            "variable_update": self._variable_update,
+            "all_reduce": self._all_reduce,
         }
 
     @classmethod

@@ -1,0 +1,158 @@
+"""Replicated variables: a copy of the model's weights on every clone device.
+
+tf_cnn_benchmarks' `VariableMgrLocalReplicated` for a `CloneModel`: clone 0
+uses the model's own variables; every other clone gets its own copy of each
+trainable variable, on its device, with its own optimizer. The clones'
+gradients are all-reduced with TensorFlow's cross-device ops, and every copy
+applies the same update, so the copies stay bit-identical. Only the model's
+own variables are tracked, so saving stores one copy.
+"""
+
+import keras
+import tensorflow as tf
+
+
+class _CopyScope(keras.StatelessScope):
+    """Runs a clone on its copies, recording what the clone assigns."""
+
+    def __init__(self, state_mapping):
+        super().__init__(
+            state_mapping, collect_losses=True, initialize_variables=False
+        )
+        self.assigned = {}
+
+    def add_update(self, update):
+        super().add_update(update)
+        self.assigned[id(update[0])] = update[0]
+
+    def value_of(self, variable):
+        value = self.get_current_value(variable)
+        return variable.value if value is None else value
+
+    def apply_updates(self, exclude):
+        """Assigns what the clone assigned, except to `exclude`."""
+        excluded = {id(v) for v in exclude}
+        for key, variable in self.assigned.items():
+            if key not in excluded:
+                variable.assign(self.state_mapping[key])
+
+
+class Replicas:
+    """The copies of a `CloneModel`'s trainable variables and optimizer.
+
+    Built when training starts. The copies take the model's values (and the
+    optimizer's state) before the first step after `mark_stale()`, which
+    `CloneModel` calls whenever a `fit` begins: weights loaded before, or by
+    `BackupAndRestore` as training begins, reach every copy.
+    """
+
+    def __init__(self, model):
+        deployment = model.deployment
+        self.devices = [
+            deployment.clone_device(i) for i in range(deployment.num_clones)
+        ]
+        self._cross_device_ops = deployment.cross_device_ops()
+        # Groups one value per clone device for the cross-device ops.
+        self._grouping = tf.distribute.MirroredStrategy(self.devices)
+        self.optimizer = model.optimizer
+        self.variables = [list(model.trainable_variables)]
+        self.optimizers = [model.optimizer]
+        for device in self.devices[1:]:
+            with tf.device(device):
+                copies = [
+                    keras.Variable(
+                        # A new variable (a variable would be wrapped).
+                        tf.identity(v.value),
+                        dtype=v.dtype,
+                        trainable=True,
+                        name=f"{v.name}_copy",
+                    )
+                    for v in self.variables[0]
+                ]
+                optimizer = type(model.optimizer).from_config(
+                    model.optimizer.get_config()
+                )
+                optimizer.build(copies)
+            self.variables.append(copies)
+            self.optimizers.append(optimizer)
+        self._follows_learning_rate = isinstance(
+            model.optimizer.learning_rate, keras.Variable
+        )
+        with tf.init_scope():
+            self._stale = tf.Variable(True, trainable=False, name="stale")
+
+    def mark_stale(self):
+        """The copies take the model's values before the next step."""
+        self._stale.assign(True)
+
+    def sync_if_stale(self):
+        def sync():
+            for i in range(1, len(self.devices)):
+                pairs = list(zip(self.variables[0], self.variables[i]))
+                pairs += list(
+                    zip(
+                        self.optimizers[0].variables,
+                        self.optimizers[i].variables,
+                    )
+                )
+                with tf.device(self.devices[i]):
+                    for source, copy in pairs:
+                        copy.assign(source)
+            return tf.constant(True)
+
+        tf.cond(self._stale, sync, lambda: tf.constant(False))
+        self._stale.assign(False)
+
+    def scope(self, clone_index):
+        """Where clone `clone_index` reads its copies (None for clone 0)."""
+        if clone_index == 0:
+            return None
+        return _CopyScope(
+            list(zip(self.variables[0], self.variables[clone_index]))
+        )
+
+    def all_reduce(self, clone_grads):
+        """Sums the clones' gradients onto every clone device.
+
+        Args:
+            clone_grads: One list of gradients per clone (clone `i`'s with
+                respect to its copies), with `None` for no gradient.
+
+        Returns:
+            One list of summed gradients per clone, each on its device.
+        """
+        summed = [[None] * len(clone_grads[0]) for _ in clone_grads]
+        pairs, positions = [], []
+        for k, grads in enumerate(zip(*clone_grads)):
+            if any(g is None for g in grads):
+                continue
+            value = self._grouping.experimental_distribute_values_from_function(
+                lambda context, grads=grads: grads[
+                    context.replica_id_in_sync_group
+                ]
+            )
+            pairs.append((value, value))
+            positions.append(k)
+        reduced = self._cross_device_ops.batch_reduce(
+            tf.distribute.ReduceOp.SUM, pairs
+        )
+        for k, value in zip(positions, reduced):
+            for i, grad in enumerate(
+                self._grouping.experimental_local_results(value)
+            ):
+                summed[i][k] = grad
+        return summed
+
+    def apply(self, clone_grads):
+        """Every copy applies its summed gradients (`all_reduce`'s result).
+
+        Clone 0's, to the model's own variables, go through the model's
+        optimizer as usual; the copies follow its learning rate.
+        """
+        self.optimizer.apply(clone_grads[0], self.variables[0])
+        for i in range(1, len(self.devices)):
+            optimizer = self.optimizers[i]
+            if self._follows_learning_rate:
+                optimizer.learning_rate = self.optimizer.learning_rate
+            with tf.device(self.devices[i]):
+                optimizer.apply(clone_grads[i], self.variables[i])
