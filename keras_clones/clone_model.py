@@ -276,11 +276,9 @@ class CloneModel(keras.Model):
         optimizer = self.optimizer
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             optimizer = optimizer.inner_optimizer
-        if isinstance(optimizer, AGNOptimizer):
-            raise NotImplementedError(
-                "`variable_update='replicated'` does not work with an "
-                "AGNOptimizer yet. Use `variable_update='parameter_server'`."
-            )
+        # AGN's centers and accumulators exist once: the copies take the
+        # model's updated weights instead of applying the update themselves.
+        broadcast = isinstance(optimizer, AGNOptimizer)
         replicas = self._replicas
         if (
             replicas is None
@@ -288,7 +286,7 @@ class CloneModel(keras.Model):
             or list(map(id, replicas.variables[0]))
             != list(map(id, self.trainable_variables))
         ):
-            self._replicas = replication.Replicas(self)
+            self._replicas = replication.Replicas(self, broadcast=broadcast)
         self._replicas.mark_stale()
 
     def make_test_function(self, force=False):

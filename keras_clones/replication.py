@@ -40,13 +40,17 @@ class _CopyScope(keras.StatelessScope):
 class Replicas:
     """The copies of a `CloneModel`'s trainable variables and optimizer.
 
+    With `broadcast=True` the copies have no optimizer: the model's
+    optimizer updates its own variables and the copies take their new values
+    (for optimizers whose state must exist once, such as `AGNOptimizer`).
+
     Built when training starts. The copies take the model's values (and the
     optimizer's state) before the first step after `mark_stale()`, which
     `CloneModel` calls whenever a `fit` begins: weights loaded before, or by
     `BackupAndRestore` as training begins, reach every copy.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, broadcast=False):
         deployment = model.deployment
         self.devices = [
             deployment.clone_device(i) for i in range(deployment.num_clones)
@@ -69,12 +73,13 @@ class Replicas:
                     )
                     for v in self.variables[0]
                 ]
-                optimizer = type(model.optimizer).from_config(
-                    model.optimizer.get_config()
-                )
-                optimizer.build(copies)
+                if not broadcast:
+                    optimizer = type(model.optimizer).from_config(
+                        model.optimizer.get_config()
+                    )
+                    optimizer.build(copies)
+                    self.optimizers.append(optimizer)
             self.variables.append(copies)
-            self.optimizers.append(optimizer)
         self._follows_learning_rate = isinstance(
             model.optimizer.learning_rate, keras.Variable
         )
@@ -89,19 +94,23 @@ class Replicas:
         def sync():
             for i in range(1, len(self.devices)):
                 pairs = list(zip(self.variables[0], self.variables[i]))
-                pairs += list(
-                    zip(
-                        self.optimizers[0].variables,
-                        self.optimizers[i].variables,
+                if len(self.optimizers) > 1:
+                    pairs += list(
+                        zip(
+                            self.optimizers[0].variables,
+                            self.optimizers[i].variables,
+                        )
                     )
-                )
-                with tf.device(self.devices[i]):
-                    for source, copy in pairs:
-                        copy.assign(source)
+                self._assign(i, pairs)
             return tf.constant(True)
 
         tf.cond(self._stale, sync, lambda: tf.constant(False))
         self._stale.assign(False)
+
+    def _assign(self, clone_index, pairs):
+        with tf.device(self.devices[clone_index]):
+            for source, copy in pairs:
+                copy.assign(source)
 
     def scope(self, clone_index):
         """Where clone `clone_index` reads its copies (None for clone 0)."""
@@ -147,9 +156,14 @@ class Replicas:
         """Every copy applies its summed gradients (`all_reduce`'s result).
 
         Clone 0's, to the model's own variables, go through the model's
-        optimizer as usual; the copies follow its learning rate.
+        optimizer as usual; the copies' optimizers follow its learning rate,
+        or, with `broadcast`, the copies take the updated values.
         """
         self.optimizer.apply(clone_grads[0], self.variables[0])
+        if len(self.optimizers) == 1:
+            for i in range(1, len(self.devices)):
+                self._assign(i, zip(self.variables[0], self.variables[i]))
+            return
         for i in range(1, len(self.devices)):
             optimizer = self.optimizers[i]
             if self._follows_learning_rate:

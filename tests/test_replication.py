@@ -236,14 +236,25 @@ def test_nccl_without_gpus_is_an_error_at_fit():
         model.fit(*data(7), verbose=0)
 
 
-def test_agn_is_refused_for_now():
-    model = mlp(CloneModel, deployment=deployment("replicated"))
-    model.compile(
-        AGNOptimizer(keras.optimizers.SGD(0.1), 2),
-        "sparse_categorical_crossentropy",
+def test_agn_state_exists_once_and_training_matches():
+    def agn():
+        return AGNOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), 3)
+
+    shared, shared_logs = trained(mlp, "parameter_server", agn())
+    replicated, logs = trained(mlp, "replicated", agn())
+    np.testing.assert_allclose(logs["loss"], shared_logs["loss"], atol=1e-5)
+    for a, b in zip(shared.weights, replicated.weights):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-5)
+    # One optimizer, with one set of centers and accumulators.
+    assert replicated._replicas.optimizers == [replicated.optimizer]
+    assert len(replicated.optimizer.variables) == len(
+        shared.optimizer.variables
     )
-    with pytest.raises(NotImplementedError, match="AGNOptimizer"):
-        model.fit(*data(7), verbose=0)
+    for i in (1, 2):
+        for main, copy in zip(
+            replicated._replicas.variables[0], replicated._replicas.variables[i]
+        ):
+            np.testing.assert_array_equal(copy.numpy(), main.numpy())
 
 
 @pytest.mark.parametrize(
