@@ -6,14 +6,16 @@ the CPU, split into two logical devices before TensorFlow starts:
 
 1. a plain functional `keras.Model`,
 2. `CloneModel` with one clone (`DeploymentConfig()`),
-3. `CloneModel` with two clones on `/cpu:0` and `/cpu:1`,
-4. `tf.distribute.MirroredStrategy` over the same two devices (left out
+3. `CloneModel` with two clones on `/cpu:0` and `/cpu:1`, with one shared
+   copy of the weights (`variable_update="parameter_server"`),
+4. the same with a copy per clone (`variable_update="replicated"`),
+5. `tf.distribute.MirroredStrategy` over the same two devices (left out
    with `--steps-per-execution` > 1, which Keras cannot run under it).
 
 How: every contender is a fresh model with the same initial weights,
 compiled with SGD and sparse categorical crossentropy, and warmed up by one
 short `fit` (which traces the step). Then R rounds run the contenders round
-robin (A B C D A B C D ...), each round one `fit` epoch of a fixed number
+robin (A B C D E A B C D E ...), each round one `fit` epoch of a fixed number
 of steps over the same repeated `tf.data` pipeline, timed from
 `on_epoch_begin` to `on_epoch_end`, so that machine noise hits all
 contenders alike. For each contender it prints the best-of and the median
@@ -68,6 +70,7 @@ DEVICES = ["/cpu:0", "/cpu:1"]
 PLAIN = "plain keras.Model"
 CLONE_1 = "CloneModel(1)"
 CLONE_2 = "CloneModel(2)"
+REPLICATED_2 = "CloneModel(2) replicated"
 MIRRORED = "MirroredStrategy(2)"
 JAX_DP = "JAX DataParallel(2)"
 
@@ -76,6 +79,7 @@ GOALS = [
     (CLONE_1, PLAIN, 0.97),
     (CLONE_2, MIRRORED, 2.5),
     (CLONE_2, PLAIN, 0.9),
+    (REPLICATED_2, CLONE_2, None),
 ]
 
 
@@ -196,7 +200,7 @@ def build(bench, weights, args, model_class=keras.Model, **kwargs):
 
 
 def tensorflow_contenders(bench, strategy, args):
-    """The four TensorFlow contenders, compiled, by name."""
+    """The TensorFlow contenders, compiled, by name."""
     # Imported here: keras_clones refuses to import in the JAX worker.
     from keras_clones import CloneModel
     from keras_clones import DeploymentConfig
@@ -217,6 +221,15 @@ def tensorflow_contenders(bench, strategy, args):
             args,
             CloneModel,
             deployment=DeploymentConfig(devices=DEVICES),
+        ),
+        REPLICATED_2: build(
+            bench,
+            weights,
+            args,
+            CloneModel,
+            deployment=DeploymentConfig(
+                devices=DEVICES, variable_update="replicated"
+            ),
         ),
     }
     if mirrored_runs(args):
