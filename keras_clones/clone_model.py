@@ -262,8 +262,11 @@ class CloneModel(keras.Model):
     def _prepare_replicas(self):
         """Builds the copies of replicated variables, to sync before a step."""
         deployment = self._deployment
-        if deployment.variable_update != "replicated" or (
-            deployment.num_clones == 1 or self.optimizer is None
+        if (
+            deployment.variable_update != "replicated"
+            or deployment.num_clones == 1
+            or self.optimizer is None
+            or not self.trainable_variables
         ):
             self._replicas = None
             return
@@ -276,9 +279,13 @@ class CloneModel(keras.Model):
         optimizer = self.optimizer
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             optimizer = optimizer.inner_optimizer
-        # AGN's centers and accumulators exist once: the copies take the
-        # model's updated weights instead of applying the update themselves.
-        broadcast = isinstance(optimizer, AGNOptimizer)
+        # The copies take the model's updated weights instead of applying
+        # the update themselves where the optimizer's state must exist once
+        # (AGN's centers and accumulators) or where a copy of the optimizer
+        # would not know which variables weight decay leaves out.
+        broadcast = isinstance(optimizer, AGNOptimizer) or bool(
+            optimizer.weight_decay
+        )
         replicas = self._replicas
         if (
             replicas is None
@@ -286,6 +293,8 @@ class CloneModel(keras.Model):
             or list(map(id, replicas.variables[0]))
             != list(map(id, self.trainable_variables))
         ):
+            if replicas is not None:
+                self.train_function = None  # It holds the old copies.
             self._replicas = replication.Replicas(self, broadcast=broadcast)
         self._replicas.mark_stale()
 
@@ -406,7 +415,9 @@ class CloneModel(keras.Model):
                             sample_weight=sw_i,
                             training=True,
                         )
-                    contribution = self._weighted_loss(loss, clone, reduction)
+                        contribution = self._weighted_loss(
+                            loss, clone, reduction
+                        )
                     scaled = contribution
                     if self.optimizer is not None:
                         scaled = self.optimizer.scale_loss(contribution)

@@ -240,6 +240,14 @@ class DeploymentConfig:
                 f"values. Received {num_clones} clones; use "
                 "`all_reduce='reduction_to_one_device'` (or None)."
             )
+        if variable_update == "replicated" and clone_on_cpu and num_clones > 1:
+            raise ValueError(
+                "`variable_update='replicated'` keeps a copy of the "
+                "variables on each clone's device, but `clone_on_cpu=True` "
+                "puts every clone on '/device:CPU:0'. List distinct devices "
+                "in `devices=[...]`, or use "
+                "`variable_update='parameter_server'`."
+            )
         if variable_update == "replicated" and num_ps_tasks > 0:
             raise ValueError(
                 "`variable_update='replicated'` keeps the variables on the "

@@ -1,8 +1,11 @@
-"""Multi-worker training on tf.distribute: the one home of private Keras.
+"""Multi-worker training on tf.distribute, where Keras 3 falls short.
 
 Keras 3 does not support `tf.distribute.MultiWorkerMirroredStrategy`
-(keras-team/keras#20585). The few private Keras methods that keras_clones
-overrides or calls to make it work are named here, and
+(keras-team/keras#20585): it has no chief, no agreement between workers,
+and a few private methods in its way. What keras_clones adds for it lives
+here, and so do the private Keras methods multi-worker training relies on
+(`_symbolic_build`, `_all_reduce_sum_gradients`; `CloneModel` overrides
+`_maybe_symbolic_build` to call `build_from_local_batch`):
 `tests/test_multi_worker.py` fails when a Keras upgrade changes them.
 """
 
@@ -90,6 +93,13 @@ def _redirected(callback, directory):
             delete_checkpoint=callback.delete_checkpoint,
         )
         return redirected
+    if isinstance(callback, keras.callbacks.CSVLogger):
+        tf.io.gfile.makedirs(directory)
+        redirected = copy.copy(callback)
+        redirected.filename = os.path.join(
+            directory, os.path.basename(os.fspath(callback.filename))
+        )
+        return redirected
     if isinstance(getattr(callback, "log_dir", None), (str, os.PathLike)):
         # TensorBoard, LossSummaries: event files under `log_dir`.
         redirected = copy.copy(callback)
@@ -115,16 +125,16 @@ def run_as_worker(model, method, args, kwargs):
     bound = inspect.signature(method).bind(*args, **kwargs)
     bound.apply_defaults()
     arguments = bound.arguments
+    callbacks = arguments.get("callbacks")
+    # `fit` hands its `CallbackList` to the `evaluate` of each validation.
+    inside_fit = isinstance(callbacks, keras.callbacks.CallbackList)
     try:
-        check_same_on_every_worker(
-            strategy,
-            "the model, its compilation and its deployment",
-            {
-                "model": _config(model),
-                "weights": [(w.path, w.shape, w.dtype) for w in model.weights],
-                "compile": model.get_compile_config(),
-            },
-        )
+        if not inside_fit:
+            check_same_on_every_worker(
+                strategy,
+                "the model, its compilation and its deployment",
+                _description(model),
+            )
         if arguments.get("shuffle") and not isinstance(
             arguments.get("x"), tf.data.Dataset
         ):
@@ -134,9 +144,7 @@ def run_as_worker(model, method, args, kwargs):
             return method(*bound.args, **bound.kwargs)
         if arguments.get("verbose") == "auto":
             arguments["verbose"] = 0
-        callbacks = arguments.get("callbacks")
         if not isinstance(callbacks, (list, tuple)):
-            # None, or the `CallbackList` that `fit` hands to `evaluate`.
             return method(*bound.args, **bound.kwargs)
         with _scratch_directory(strategy) as scratch:
             arguments["callbacks"] = [
@@ -181,11 +189,18 @@ def check_same_on_every_worker(strategy, what, description):
         )
 
 
-def _config(model):
+def _description(model):
+    """What the workers must agree on, as far as Keras can describe it."""
     try:
-        return model.get_config()  # Includes the deployment.
+        config = model.get_config()  # Includes the deployment.
     except NotImplementedError:  # A subclassed model without a config.
-        return [type(model).__qualname__, model.deployment.get_config()]
+        config = [type(model).__qualname__, model.deployment.get_config()]
+    try:
+        compiled = model.get_compile_config()
+    except (TypeError, ValueError):  # A loss or metric Keras cannot save.
+        compiled = [type(model.optimizer).__qualname__, repr(model.loss)]
+    weights = [(w.path, w.shape, w.dtype) for w in model.weights]
+    return {"model": config, "compile": compiled, "weights": weights}
 
 
 def _chief_seed(strategy):

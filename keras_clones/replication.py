@@ -42,12 +42,15 @@ class Replicas:
 
     With `broadcast=True` the copies have no optimizer: the model's
     optimizer updates its own variables and the copies take their new values
-    (for optimizers whose state must exist once, such as `AGNOptimizer`).
+    (for optimizer state that must exist once, such as `AGNOptimizer`'s, or
+    that a copy of the optimizer would not carry, such as which variables
+    weight decay leaves out).
 
-    Built when training starts. The copies take the model's values (and the
-    optimizer's state) before the first step after `mark_stale()`, which
-    `CloneModel` calls whenever a `fit` begins: weights loaded before, or by
-    `BackupAndRestore` as training begins, reach every copy.
+    Built when a training function is made. The copies take the model's
+    values (and the optimizer's state) before the first step after
+    `mark_stale()`, which `CloneModel` calls whenever it makes a training
+    function (each `fit`, each `train_on_batch`): weights loaded before, or
+    by `BackupAndRestore` as training begins, reach every copy.
     """
 
     def __init__(self, model, broadcast=False):
@@ -61,6 +64,10 @@ class Replicas:
         self.optimizer = model.optimizer
         self.variables = [list(model.trainable_variables)]
         self.optimizers = [model.optimizer]
+        with tf.init_scope():
+            # Built now, so that its state is there to copy.
+            model.optimizer.build(self.variables[0])
+            self._stale = tf.Variable(True, trainable=False, name="stale")
         for device in self.devices[1:]:
             with tf.device(device):
                 copies = [
@@ -78,13 +85,9 @@ class Replicas:
                         model.optimizer.get_config()
                     )
                     optimizer.build(copies)
+                    _check_same_state(model.optimizer, optimizer)
                     self.optimizers.append(optimizer)
             self.variables.append(copies)
-        self._follows_learning_rate = isinstance(
-            model.optimizer.learning_rate, keras.Variable
-        )
-        with tf.init_scope():
-            self._stale = tf.Variable(True, trainable=False, name="stale")
 
     def mark_stale(self):
         """The copies take the model's values before the next step."""
@@ -132,6 +135,7 @@ class Replicas:
         """
         summed = [[None] * len(clone_grads[0]) for _ in clone_grads]
         pairs, positions = [], []
+
         for k, grads in enumerate(zip(*clone_grads)):
             if any(g is None for g in grads):
                 continue
@@ -142,6 +146,8 @@ class Replicas:
             )
             pairs.append((value, value))
             positions.append(k)
+        if not pairs:
+            return summed
         reduced = self._cross_device_ops.batch_reduce(
             tf.distribute.ReduceOp.SUM, pairs
         )
@@ -164,9 +170,24 @@ class Replicas:
             for i in range(1, len(self.devices)):
                 self._assign(i, zip(self.variables[0], self.variables[i]))
             return
+        learning_rate = self.optimizer.learning_rate
         for i in range(1, len(self.devices)):
             optimizer = self.optimizers[i]
-            if self._follows_learning_rate:
-                optimizer.learning_rate = self.optimizer.learning_rate
+            if isinstance(learning_rate, keras.Variable):
+                # A callback may have set it (a schedule is followed alike).
+                optimizer.learning_rate.assign(learning_rate)
             with tf.device(self.devices[i]):
                 optimizer.apply(clone_grads[i], self.variables[i])
+
+
+def _check_same_state(optimizer, copy):
+    """Raises unless `copy` has `optimizer`'s variables, in the same order."""
+    shapes = [[tuple(v.shape) for v in o.variables] for o in (optimizer, copy)]
+    if shapes[0] != shapes[1]:
+        raise ValueError(
+            f"The {type(optimizer).__name__} of a replicated CloneModel "
+            "cannot be copied onto the other clone devices: a copy made "
+            "from its config has other state (variable shapes "
+            f"{shapes[1]} instead of {shapes[0]}). Use "
+            "`variable_update='parameter_server'`."
+        )

@@ -152,6 +152,8 @@ def test_restarted_workers_resume_from_the_backup_exactly(restarted):
     out, _ = restarted
     workers = [np.load(out / f"worker_{i}.npz") for i in range(2)]
     reference = np.load(out / "reference.npz")
+    for worker in workers:
+        assert worker["epochs_trained"] == 1  # Only the third epoch.
     for name in reference.files:
         np.testing.assert_allclose(workers[0][name], reference[name], atol=1e-5)
         np.testing.assert_array_equal(workers[0][name], workers[1][name])

@@ -52,6 +52,8 @@ def assert_copies_identical(model):
         for main, copy in zip(replicas.variables[0], replicas.variables[i]):
             np.testing.assert_array_equal(copy.numpy(), main.numpy())
             assert copy.value.device.endswith(device.upper()[1:]), device
+        if len(replicas.optimizers) == 1:  # The copies take the weights.
+            continue
         for main, copy in zip(
             replicas.optimizers[0].variables, replicas.optimizers[i].variables
         ):
@@ -177,12 +179,13 @@ def test_backup_and_restore_resumes_every_copy(tmp_path):
                 InterruptAtEpoch(),
             ],
         )
-    resumed, _ = trained(
+    resumed, logs = trained(
         mlp,
         "replicated",
         epochs=4,
         callbacks=[keras.callbacks.BackupAndRestore(tmp_path)],
     )
+    assert len(logs["loss"]) == 2  # Epochs 3 and 4 only.
     for a, b in zip(uninterrupted.weights, resumed.weights):
         np.testing.assert_array_equal(b.numpy(), a.numpy())
     assert_copies_identical(resumed)
@@ -225,6 +228,88 @@ def test_inf_nan_check_skips_the_step_on_every_copy():
         np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-5)
     assert np.isfinite(results[1].weights[0].numpy()).all()
     assert_copies_identical(results[1])
+
+
+def test_loss_scale_optimizer_matches():
+    def build():
+        return keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+
+    shared, shared_logs = trained(mlp, "parameter_server", build())
+    replicated, logs = trained(mlp, "replicated", build())
+    np.testing.assert_allclose(logs["loss"], shared_logs["loss"], atol=1e-5)
+    for a, b in zip(shared.weights, replicated.weights):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-5)
+    assert replicated.optimizer.learning_rate.numpy() == np.float32(0.1)
+    assert_copies_identical(replicated)
+
+
+def test_exclusions_from_weight_decay_are_honoured():
+    def fitted(variable_update):
+        model = mlp(CloneModel, deployment=deployment(variable_update))
+        optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.5)
+        optimizer.exclude_from_weight_decay(var_names=["bias"])
+        model.compile(optimizer, "sparse_categorical_crossentropy")
+        model.fit(*data(40), batch_size=7, shuffle=False, verbose=0)
+        return model
+
+    shared, replicated = fitted("parameter_server"), fitted("replicated")
+    for a, b in zip(shared.weights, replicated.weights):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-5)
+    assert_copies_identical(replicated)
+
+
+def test_mixed_precision_matches():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        shared, shared_logs = trained(batch_norm_mlp, "parameter_server")
+        replicated, logs = trained(batch_norm_mlp, "replicated")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    np.testing.assert_allclose(logs["loss"], shared_logs["loss"], atol=1e-3)
+    for a, b in zip(shared.weights, replicated.weights):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-3)
+    assert_copies_identical(replicated)
+
+
+def test_sum_reduction_counts_regularization_once():
+    models = []
+    for variable_update in ("parameter_server", "replicated"):
+        model = mlp(CloneModel, deployment=deployment(variable_update))
+        model.compile(
+            keras.optimizers.SGD(0.01),
+            keras.losses.SparseCategoricalCrossentropy(reduction="sum"),
+        )
+        model.fit(*data(21), batch_size=7, shuffle=False, verbose=0)
+        models.append(model)
+    for a, b in zip(*(m.weights for m in models)):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-5)
+
+
+def test_trainable_changes_between_fits_reach_the_copies():
+    models = []
+    for variable_update in ("parameter_server", "replicated"):
+        model, _ = trained(mlp, variable_update, epochs=1)
+        model.layers[1].trainable = False
+        model.compile(
+            keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy"
+        )
+        model.set_weights([w * 0.5 for w in model.get_weights()])
+        model.fit(*data(40), batch_size=7, shuffle=False, verbose=0)
+        models.append(model)
+    for a, b in zip(*(m.weights for m in models)):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-5)
+
+
+def test_a_model_without_trainable_weights_trains():
+    inputs = keras.Input((6,))
+    model = CloneModel(
+        inputs,
+        keras.layers.Dense(3, trainable=False)(inputs),
+        deployment=deployment("replicated"),
+    )
+    model.compile("sgd", "mse")
+    model.fit(*data(7)[:1], np.zeros((7, 3)), verbose=0)
+    assert model._replicas is None
 
 
 def test_nccl_without_gpus_is_an_error_at_fit():
@@ -271,6 +356,13 @@ def test_agn_state_exists_once_and_training_matches():
 def test_invalid_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DeploymentConfig(devices=DEVICES, **kwargs)
+
+
+def test_replicated_refuses_clones_on_one_device():
+    with pytest.raises(ValueError, match="distinct devices"):
+        DeploymentConfig(
+            num_clones=2, clone_on_cpu=True, variable_update="replicated"
+        )
 
 
 def test_replicated_refuses_parameter_servers():

@@ -40,7 +40,7 @@ def fit(model, out, callbacks=()):
     with model.distribute_strategy.scope():
         model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "mse")
     dataset = tf.data.Dataset.from_tensor_slices(data()).batch(GLOBAL_BATCH)
-    model.fit(dataset, epochs=EPOCHS, callbacks=list(callbacks))
+    return model.fit(dataset, epochs=EPOCHS, callbacks=list(callbacks))
 
 
 def worker(out, index):
@@ -59,12 +59,13 @@ def worker(out, index):
     if "--crash-at-epoch" in sys.argv:
         epoch = int(sys.argv[sys.argv.index("--crash-at-epoch") + 1])
         callbacks.append(CrashAtEpoch(epoch))
-    fit(model, out, callbacks)
+    history = fit(model, out, callbacks)
     model.save(os.path.join(out, "final.keras"))
     model.save_weights(os.path.join(out, "final.weights.h5"))
     np.savez(
         os.path.join(out, f"worker_{index}.npz"),
         *[w.numpy() for w in model.weights],
+        epochs_trained=len(history.epoch),
     )
 
 
