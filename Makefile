@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# bench/multiworker.py's Keras 2 anchor (tf-keras) lives in a venv of its
+# own, so that .venv, which the tests run in, keeps Keras 3 alone.
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: setup demo test lint format bench bench-agn clean
+.PHONY: setup demo test lint format bench bench-agn bench-callbacks bench-multiworker clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,5 +36,21 @@ bench: setup
 bench-agn: setup
 	$(BIN)/python bench/agn.py
 
+bench-callbacks: setup
+	$(BIN)/python bench/callbacks.py
+
+# tensorflow and tf-keras at .venv's TensorFlow minor version.
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	tf=$$($(BIN)/python -c "from importlib.metadata import version; \
+	    print(version('tensorflow').rsplit('.', 1)[0])") && \
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e . \
+	    "tensorflow==$$tf.*" "tf-keras==$$tf.*"
+	touch $(BENCH_STAMP)
+
+bench-multiworker: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python bench/multiworker.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) build *.egg-info

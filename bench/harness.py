@@ -7,26 +7,56 @@ import keras
 
 
 class EpochTimer(keras.callbacks.Callback):
-    """Records the wall time and final loss of the last epoch."""
+    """Records the wall time, final loss and logs of the last epoch.
+
+    `seconds` runs from `on_epoch_begin` to `on_epoch_end`. `first_seconds`
+    ends, and `rest_seconds` starts, when the second execution of the train
+    function begins (`on_train_batch_begin`), so that `rest_seconds` leaves
+    out the first one, which traces a train function made at
+    `on_train_begin`; `rest_steps` is the number of steps it covers (None,
+    like both, for an epoch of a single execution). Only a batch-begin hook:
+    Keras runs batch-end hooks in a thread only when no callback overrides
+    them, and the timer must not change that.
+    """
 
     def on_epoch_begin(self, epoch, logs=None):
+        self.executions = 0
+        self.first_seconds = self.rest_seconds = self.rest_steps = None
         self.start = time.perf_counter()
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self.executions += 1
+        if self.executions == 2:
+            self.rest_start = time.perf_counter()
+            self.first_seconds = self.rest_start - self.start
+            steps = self.params.get("steps")
+            self.rest_steps = None if steps is None else steps - batch
+
     def on_epoch_end(self, epoch, logs=None):
-        self.seconds = time.perf_counter() - self.start
+        end = time.perf_counter()
+        self.seconds = end - self.start
+        if self.executions >= 2:
+            self.rest_seconds = end - self.rest_start
+        self.logs = dict(logs)
         self.loss = float(logs["loss"])
 
 
-def timed_epoch(model, dataset, steps):
-    """Trains one epoch of `steps` steps; returns its seconds and loss."""
+def fit_epoch(model, dataset, steps, callbacks=()):
+    """Trains one epoch of `steps` steps with `callbacks`; its EpochTimer."""
     timer = EpochTimer()
     model.fit(
         dataset,
         steps_per_epoch=steps,
         shuffle=False,
-        callbacks=[timer],
+        callbacks=[*callbacks, timer],
         verbose=0,
     )
+    return timer
+
+
+def timed_epoch(model, dataset, steps):
+    """Trains one epoch of `steps` steps; returns its seconds and loss."""
+    timer = fit_epoch(model, dataset, steps)
     return timer.seconds, timer.loss
 
 

@@ -275,6 +275,8 @@ def agree_on_overflow(grads):
     differently would wait on each other's collectives.
     """
     present = [g for g in grads if g is not None]
+    if not present:
+        return grads
     values = [
         g.values if isinstance(g, tf.IndexedSlices) else g for g in present
     ]
