@@ -100,8 +100,12 @@ def launch(script, args=(), workers=2, grace_period=30.0):
                 stderr=subprocess.STDOUT,
                 text=True,
                 errors="replace",
+                preexec_fn=_die_with_parent,
             )
             processes.append(process)
+        # Threads only once every worker is started (`preexec_fn` and
+        # threads do not mix).
+        for index, process in enumerate(processes):
             reader = threading.Thread(
                 target=_print_lines,
                 args=(process.stdout, f"[worker {index}] ", lock),
@@ -115,6 +119,16 @@ def launch(script, args=(), workers=2, grace_period=30.0):
         _stop(processes)
         for reader in readers:
             reader.join(_TERMINATE_TIMEOUT)
+
+
+def _die_with_parent():
+    """In a worker: SIGKILL when the launcher dies, even by SIGKILL (Linux)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _free_ports(count):
@@ -238,6 +252,8 @@ def main(argv=None):
         )
     if not os.path.isfile(options.script):
         parser.error(f"no such script: {options.script}")
+    # Stopped by a scheduler or `timeout`: stop the workers first.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     return launch(
         options.script,
         options.args,

@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -37,6 +38,14 @@ def worker_lines(out, index):
         for line in out.splitlines()
         if line.startswith(prefix)
     ]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def assert_gone(pid):
@@ -220,3 +229,29 @@ def test_python_dash_m_runs_the_workers_and_exits_with_the_failure(tmp_path):
     assert worker_lines(result.stdout, 0) == ['["--epochs", "3"]']
     assert worker_lines(result.stdout, 1) == ['["--epochs", "3"]']
     assert "keras_clones.launch: worker 1 exited with code 3" in result.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_no_worker_outlives_a_stopped_launcher(tmp_path, signum):
+    script = write_script(
+        tmp_path,
+        """
+        print(os.getpid(), flush=True)
+        time.sleep(300)
+        """,
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "keras_clones.launch", "--workers", "2", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+        cwd=ROOT,
+    )
+    pids = [int(launcher.stdout.readline().split()[-1]) for _ in range(2)]
+    launcher.send_signal(signum)
+    launcher.wait(60)
+    deadline = time.monotonic() + 30
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:
+        assert_gone(pid)
