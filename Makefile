@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: setup demo test lint format bench bench-agn bench-callbacks bench-multiworker clean
+.PHONY: setup demo test format bench bench-agn bench-callbacks bench-multiworker clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
