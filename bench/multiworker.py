@@ -1,0 +1,545 @@
+"""Multi-worker training throughput: 1 worker against 2, AGN, tf-keras.
+
+What it measures: steps per second of `Model.fit` under
+`tf.distribute.MultiWorkerMirroredStrategy` (one replica per worker, the
+default CPU) for an MLP 64-256-256-2 at the same global batch of 256 on
+synthetic data, for these variants:
+
+1. `keras_clones` 1w / 2w: a `CloneModel` (one clone per worker) with
+   SGD(0.01, momentum=0.9), on 1 and on 2 local workers; the gradients are
+   all-reduced every step;
+2. AGN(1) 2w and AGN(10) 2w: the same `CloneModel` with
+   `AGNOptimizer(SGD(0.01, momentum=0.9), communication_period=p)`: local
+   steps, and one all-reduce of the accumulators every p steps;
+3. tf-keras 1w / 2w, the anchor: Keras 2 (the `tf-keras` package,
+   `TF_USE_LEGACY_KERAS=1`), a plain `tf_keras.Sequential` of the same MLP
+   with the same optimizer under the same strategy. Its worker imports
+   `tf_keras` and not `keras_clones`. Skipped, with a note, where `tf_keras`
+   is not installed (`make bench-multiworker` installs it in `.venv-bench`,
+   leaving `.venv` alone).
+
+How: each variant is a separate run of `keras_clones.launch` (its
+`launch.py`: the package itself would import TensorFlow into the launcher)
+with 1 or 2 workers on 127.0.0.1, every worker running this script with
+`--worker` (the 1-worker variants too, so that all use the same strategy).
+R repeats run the variants round robin (A B C ... A B C ...), so that
+machine noise hits all alike. Each worker builds the model from the same
+seed and trains one `fit` of E epochs of S steps on a cached, repeated
+`tf.data` pipeline batched to the global batch (auto-sharding by data gives
+each of 2 workers 128 rows of every batch). The first epoch (tracing,
+warm-up) is not timed; the chief prints the steps/s of epochs 2..E (from
+`on_epoch_begin` to `on_epoch_end`) and the last epoch's loss. The driver
+prints, per variant, the best-of and the median over the repeats, then the
+ratios (of the best-ofs, of the medians, and the median of each repeat's
+ratio) that the goals are about: keras_clones 2w >= tf-keras 2w, and
+AGN(10) 2w >= 2 x tf-keras 2w.
+
+All-reduces of AGN: `optimizer.communication_rounds` read at the start and
+end of the timed epochs, per 100 timed steps. Their time: a callback takes
+a timestamp at every `on_train_batch_begin` (only a batch-begin hook, so
+that Keras keeps its batch-end hooks off the main thread), a step's time
+is the gap to the next step's begin (each epoch's last step, whose gap
+would include the end of the epoch, is left out), a step synchronises when
+`optimizer.local_step` reaches a multiple of the period. The time in the
+all-reduces is estimated as the sum over synchronising steps of (their time
+- the median time of the non-synchronising steps), per 100 steps. AGN(1)
+has no non-synchronising steps: its estimate takes the median
+non-synchronising step of the AGN(10) run of the same repeat instead. The
+estimate holds everything a synchronising step adds (the all-reduce, the
+outer optimizer step, copying the centers into the model), not only the
+communication. Every step, AGN included, also reduces the logs (loss)
+across the workers; that is in every step's time.
+
+Two workers on a 2-core machine share the cores: TensorFlow's thread pools
+in each worker default to all cores, so the workers compete for them.
+
+Usage:
+    python bench/multiworker.py [--quick] [--repeats R] [--steps S]
+                                [--epochs E]
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+WORKER_FLAG = "--worker"
+RESULT = "RESULT "
+
+SEED = 0
+NUM_FEATURES = 64
+HIDDEN = 256
+NUM_CLASSES = 2
+GLOBAL_BATCH = 256
+NUM_BATCHES = 16  # Distinct global batches in the synthetic data set.
+LEARNING_RATE = 0.01
+MOMENTUM = 0.9
+STEPS = 200  # Steps per epoch; a multiple of every AGN period.
+EPOCHS = 4  # The first one is not timed.
+REPEATS = 5
+QUICK_STEPS = 20
+QUICK_EPOCHS = 2
+QUICK_REPEATS = 1
+TIMEOUT = 600  # Seconds a launch may take before it is stopped.
+AGN_PERIODS = (1, 10)
+
+KC_1 = "keras_clones 1w"
+KC_2 = "keras_clones 2w"
+TFK_1 = "tf-keras 1w"
+TFK_2 = "tf-keras 2w"
+
+
+def agn_name(period):
+    return f"AGN({period}) 2w"
+
+
+# name: (worker kind, AGN period or 0, workers)
+VARIANTS = {
+    KC_1: ("keras_clones", 0, 1),
+    KC_2: ("keras_clones", 0, 2),
+    **{agn_name(p): ("keras_clones", p, 2) for p in AGN_PERIODS},
+    TFK_1: ("tf_keras", 0, 1),
+    TFK_2: ("tf_keras", 0, 2),
+}
+
+# (numerator, denominator, goal or None)
+RATIOS = [
+    (KC_2, KC_1, None),
+    (TFK_2, TFK_1, None),
+    (KC_2, TFK_2, 1.0),
+    (agn_name(10), TFK_2, 2.0),
+    (agn_name(10), KC_2, None),
+    (agn_name(1), KC_2, None),
+]
+
+
+# The worker: one process of a launch.
+
+
+def worker_main(argv):
+    parser = argparse.ArgumentParser()
+    parser.add_argument(WORKER_FLAG, choices=["keras_clones", "tf_keras"])
+    parser.add_argument("--period", type=int, default=0)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--epochs", type=int, required=True)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    if args.worker == "tf_keras":
+        # Keras 2: tf.keras is tf_keras; keras_clones is not imported.
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import numpy as np
+    import tensorflow as tf
+
+    # Before any other TensorFlow op: collectives are set up at startup.
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    if args.worker == "tf_keras":
+        import tf_keras as keras
+    else:
+        import keras
+
+        import keras_clones
+
+    rng = np.random.default_rng(SEED)
+    x = rng.standard_normal(
+        (GLOBAL_BATCH * NUM_BATCHES, NUM_FEATURES), dtype=np.float32
+    )
+    w = rng.standard_normal((NUM_FEATURES, NUM_CLASSES), dtype=np.float32)
+    y = np.argmax(x @ w, axis=1).astype(np.int32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    dataset = dataset.batch(GLOBAL_BATCH, drop_remainder=True)
+    dataset = dataset.cache().repeat().prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.DATA
+    )
+    dataset = dataset.with_options(options)
+
+    with strategy.scope():
+        keras.utils.set_random_seed(SEED)
+        layers = [
+            keras.layers.Dense(HIDDEN, activation="relu"),
+            keras.layers.Dense(HIDDEN, activation="relu"),
+            keras.layers.Dense(NUM_CLASSES, activation="softmax"),
+        ]
+        optimizer = keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
+        if args.worker == "tf_keras":
+            model = keras.Sequential([keras.Input((NUM_FEATURES,)), *layers])
+        else:
+            if args.period:
+                optimizer = keras_clones.AGNOptimizer(optimizer, args.period)
+            inputs = keras.Input((NUM_FEATURES,))
+            outputs = inputs
+            for layer in layers:
+                outputs = layer(outputs)
+            model = keras_clones.CloneModel(inputs, outputs)
+        model.compile(optimizer, "sparse_categorical_crossentropy")
+
+    timer = step_timer(keras, optimizer if args.period else None)
+    model.fit(
+        dataset,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps,
+        callbacks=[timer],
+        verbose=0,
+    )
+    if strategy.cluster_resolver.task_id == 0:
+        result = summarize(timer.epochs[1:], args.period)
+        result["tensorflow"] = tf.__version__
+        result["keras"] = keras.__version__
+        library = keras if args.worker == "tf_keras" else keras_clones
+        result["library"] = os.path.dirname(library.__file__)
+        print(RESULT + json.dumps(result), flush=True)
+
+
+def step_timer(keras, agn):
+    """A callback with every epoch's step timestamps (and AGN counters)."""
+
+    class StepTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epochs = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.current = {"begins": []}
+            if agn is not None:
+                self.current["local_step"] = int(agn.local_step.numpy())
+                self.current["rounds"] = int(agn.communication_rounds.numpy())
+            self.current["start"] = time.perf_counter()
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.current["begins"].append(time.perf_counter())
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.current["end"] = time.perf_counter()
+            self.current["loss"] = float(logs["loss"])
+            if agn is not None:
+                self.current["rounds_end"] = int(
+                    agn.communication_rounds.numpy()
+                )
+            self.epochs.append(self.current)
+
+    return StepTimer()
+
+
+def summarize(epochs, period):
+    """Steps/s of `epochs`, their loss, step times and AGN counters."""
+    steps = sum(len(e["begins"]) for e in epochs)
+    seconds = sum(e["end"] - e["start"] for e in epochs)
+    sync, local = [], []
+    for e in epochs:
+        begins = e["begins"]
+        for i in range(len(begins) - 1):
+            is_sync = period and (e["local_step"] + i + 1) % period == 0
+            (sync if is_sync else local).append(begins[i + 1] - begins[i])
+    result = {
+        "steps": steps,
+        "seconds": seconds,
+        "steps_per_s": steps / seconds,
+        "loss": epochs[-1]["loss"],
+        "median_step_ms": 1000 * statistics.median(sync + local),
+    }
+    if period:
+        result.update(
+            rounds=epochs[-1]["rounds_end"] - epochs[0]["rounds"],
+            timed_sync_steps=len(sync),
+            sync_seconds=sum(sync),
+            median_sync_ms=1000 * statistics.median(sync) if sync else None,
+            median_local_ms=1000 * statistics.median(local) if local else None,
+        )
+    return result
+
+
+# The driver: runs the launches and prints the tables.
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        help=f"runs of every variant (default {REPEATS}, or 1 with --quick)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=positive_int,
+        help=f"steps per epoch, a multiple of 10 (default {STEPS}, "
+        f"or {QUICK_STEPS} with --quick)",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=positive_int,
+        help=f"epochs per run, the first not timed, >= 2 (default {EPOCHS}, "
+        f"or {QUICK_EPOCHS} with --quick)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: few steps, one repeat (under 90 s)",
+    )
+    args = parser.parse_args()
+    if args.repeats is None:
+        args.repeats = QUICK_REPEATS if args.quick else REPEATS
+    if args.steps is None:
+        args.steps = QUICK_STEPS if args.quick else STEPS
+    if args.epochs is None:
+        args.epochs = QUICK_EPOCHS if args.quick else EPOCHS
+    if args.steps % max(AGN_PERIODS):
+        parser.error(f"--steps must be a multiple of {max(AGN_PERIODS)}")
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2 (the first is not timed)")
+    return args
+
+
+def positive_int(text):
+    # As in bench/harness.py, which imports Keras: the driver runs none.
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def launch_script():
+    """The path of `keras_clones/launch.py`, found without importing the
+    package, whose `__init__` imports TensorFlow (seconds of start-up per
+    launch, on the cores the workers start on); `launch.py` itself imports
+    only the standard library.
+    """
+    package = importlib.util.find_spec("keras_clones")
+    return os.path.join(package.submodule_search_locations[0], "launch.py")
+
+
+def run_variant(name, args):
+    """Launches one variant; the chief's result, or None if it failed."""
+    kind, period, workers = VARIANTS[name]
+    command = [sys.executable, launch_script(), "--workers", str(workers)]
+    command += ["--grace-period", "10", __file__, WORKER_FLAG, kind]
+    command += ["--period", str(period), "--steps", str(args.steps)]
+    command += ["--epochs", str(args.epochs)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    # A session of its own, so that a stuck launch and its workers can be
+    # stopped together.
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        output += f"\n(stopped after {TIMEOUT} s)"
+    wall = time.perf_counter() - start
+    prefix = "[worker 0] " + RESULT
+    for line in output.splitlines():
+        if line.startswith(prefix):
+            result = json.loads(line[len(prefix) :])
+            result["wall_s"] = wall
+            return result
+    tail = "\n".join(output.splitlines()[-40:])
+    print(
+        f"Note: {name} failed (exit status {process.returncode}); the last "
+        f"lines of its output:\n{tail}\n",
+        flush=True,
+    )
+    return None
+
+
+def tf_keras_installed():
+    return importlib.util.find_spec("tf_keras") is not None
+
+
+def measure(names, args):
+    """Round-robin launches; per variant the list of chief results."""
+    results = {name: [] for name in names}
+    for repeat in range(args.repeats):
+        for name in names:
+            result = run_variant(name, args)
+            if result is not None:
+                result["repeat"] = repeat
+                results[name].append(result)
+                print(
+                    f"repeat {repeat + 1}/{args.repeats}: {name}: "
+                    f"{result['steps_per_s']:,.1f} steps/s "
+                    f"({result['wall_s']:.0f} s wall)",
+                    flush=True,
+                )
+    return results
+
+
+def summary(values):
+    return max(values), statistics.median(values)
+
+
+def throughput_table(results, args):
+    timed = (args.epochs - 1) * args.steps
+    lines = [
+        f"MLP {NUM_FEATURES}-{HIDDEN}-{HIDDEN}-{NUM_CLASSES}, global batch "
+        f"{GLOBAL_BATCH}, {args.epochs} epochs of {args.steps} steps per run "
+        f"(the last {timed} steps timed), {args.repeats} "
+        f"repeat{'s' if args.repeats > 1 else ''}.",
+        "",
+        "| variant | best steps/s | median steps/s | best ms/step "
+        "| median step ms | last loss | runs |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, runs in results.items():
+        if not runs:
+            lines.append(f"| {name} | failed | failed | - | - | - | 0 |")
+            continue
+        best, median = summary([r["steps_per_s"] for r in runs])
+        step_ms = statistics.median(r["median_step_ms"] for r in runs)
+        lines.append(
+            f"| {name} | {best:,.1f} | {median:,.1f} | {1000 / best:.2f} "
+            f"| {step_ms:.2f} | {runs[-1]['loss']:.4f} | {len(runs)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def ratio_table(results):
+    """Ratios of best-of, of median, and the median of each repeat's ratio
+    (which cancels slow drifts of the machine's load)."""
+    lines = [
+        "| ratio | best-of | median | per-repeat median | goal "
+        "| met (best / median / per-repeat) |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for numerator, denominator, goal in RATIOS:
+        label = f"{numerator} / {denominator}"
+        top, bottom = results.get(numerator), results.get(denominator)
+        if not top or not bottom:
+            missing = numerator if not top else denominator
+            why = "not run" if missing not in results else "failed"
+            lines.append(f"| {label} | n/a | n/a | n/a | - | {missing} {why} |")
+            continue
+        by_repeat = {r["repeat"]: r["steps_per_s"] for r in bottom}
+        paired = statistics.median(
+            r["steps_per_s"] / by_repeat[r["repeat"]]
+            for r in top
+            if r["repeat"] in by_repeat
+        )
+        top = summary([r["steps_per_s"] for r in top])
+        bottom = summary([r["steps_per_s"] for r in bottom])
+        ratios = (top[0] / bottom[0], top[1] / bottom[1], paired)
+        goal_text, met = "-", "-"
+        if goal is not None:
+            goal_text = f">= {goal:g}"
+            met = " / ".join("yes" if r >= goal else "NO" for r in ratios)
+        lines.append(
+            f"| {label} | {ratios[0]:.2f} | {ratios[1]:.2f} "
+            f"| {ratios[2]:.2f} | {goal_text} | {met} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def sync_estimate(run, baseline_ms):
+    """Seconds that `run`'s synchronising steps add, per 100 steps."""
+    if baseline_ms is None or not run["timed_sync_steps"]:
+        return None
+    extra = run["sync_seconds"] - run["timed_sync_steps"] * baseline_ms / 1000
+    # Scaled to every synchronisation: each epoch's last step is not timed.
+    extra *= run["rounds"] / run["timed_sync_steps"]
+    return 100 * extra / run["steps"]
+
+
+def median_ms(runs, key):
+    values = [r[key] for r in runs if r[key] is not None]
+    return f"{statistics.median(values):.2f}" if values else "-"
+
+
+def agn_table(results):
+    """All-reduces per 100 steps and the time they take, per AGN period."""
+    lines = [
+        "| variant | all-reduces / 100 steps | median sync step ms "
+        "| median local step ms | time in all-reduces, ms / 100 steps "
+        "| share of step time |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    baselines = {
+        r["repeat"]: r["median_local_ms"]
+        for r in results.get(agn_name(max(AGN_PERIODS)), [])
+    }
+    for period in AGN_PERIODS:
+        runs = results.get(agn_name(period), [])
+        if not runs:
+            lines.append(f"| {agn_name(period)} | failed | - | - | - | - |")
+            continue
+        per_100 = statistics.median(
+            100 * r["rounds"] / r["steps"] for r in runs
+        )
+        estimates = []
+        for r in runs:
+            baseline = r["median_local_ms"] or baselines.get(r["repeat"])
+            seconds = sync_estimate(r, baseline)
+            if seconds is not None:
+                estimates.append((seconds, seconds * r["steps_per_s"] / 100))
+        time_text = share_text = "n/a"
+        if estimates:
+            time_text = (
+                f"{1000 * statistics.median(s for s, _ in estimates):.1f}"
+            )
+            share_text = (
+                f"{100 * statistics.median(s for _, s in estimates):.0f}%"
+            )
+        lines.append(
+            f"| {agn_name(period)} | {per_100:.1f} "
+            f"| {median_ms(runs, 'median_sync_ms')} "
+            f"| {median_ms(runs, 'median_local_ms')} "
+            f"| {time_text} | {share_text} |"
+        )
+    lines += [
+        "",
+        "Medians over the repeats. Time in all-reduces: the sum over "
+        "synchronising steps of (their time - the median local step), the "
+        f"local step of AGN(1) taken from the {agn_name(max(AGN_PERIODS))} "
+        "run of the same repeat.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    args = parse_args()
+    print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPU cores.")
+    names = list(VARIANTS)
+    if not tf_keras_installed():
+        names = [n for n in names if VARIANTS[n][0] != "tf_keras"]
+        print(
+            f"Note: tf-keras is not installed for {sys.executable}: the "
+            "tf-keras variants are skipped. `make bench-multiworker` "
+            "installs it (tf-keras matching TensorFlow) in .venv-bench."
+        )
+    print()
+    start = time.perf_counter()
+    results = measure(names, args)
+    versions = {
+        f"{VARIANTS[n][0]}: TensorFlow {r[0]['tensorflow']}, "
+        f"Keras {r[0]['keras']}, {VARIANTS[n][0]} from {r[0]['library']}"
+        for n, r in results.items()
+        if r
+    }
+    print()
+    print("\n".join(sorted(versions)))
+    print(f"Wall time {time.perf_counter() - start:.0f} s.\n")
+    print(throughput_table(results, args))
+    print(ratio_table(results))
+    print(agn_table(results))
+    failed = [name for name, runs in results.items() if len(runs) == 0]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    if WORKER_FLAG in sys.argv:
+        worker_main(sys.argv[1:])
+    else:
+        sys.exit(main())

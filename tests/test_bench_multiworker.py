@@ -1,0 +1,36 @@
+"""The multi-worker throughput benchmark runs and prints its tables."""
+
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+
+def test_bench_multiworker_quick_prints_ratios_and_rounds():
+    env = dict(os.environ, KERAS_BACKEND="tensorflow")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "multiworker.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    out = result.stdout
+    ratio = r"\| [0-9.]+ \| [0-9.]+ \|"
+    assert re.search(rf"\| keras_clones 2w / keras_clones 1w {ratio}", out), out
+    assert re.search(rf"\| AGN\(10\) 2w / keras_clones 2w {ratio}", out), out
+    # One all-reduce per period: 10 and 100 per 100 steps, and their time.
+    time = r"[0-9.-]+ \| -?[0-9]+% \|"
+    assert re.search(rf"\| AGN\(10\) 2w \| 10\.0 \|.* \| {time}", out), out
+    assert re.search(rf"\| AGN\(1\) 2w \| 100\.0 \|.* \| {time}", out), out
+    if importlib.util.find_spec("tf_keras") is None:
+        assert "tf-keras variants are skipped" in out, out
+        assert re.search(r"\| keras_clones 2w / tf-keras 2w \| n/a", out)
+    else:
+        assert re.search(rf"\| keras_clones 2w / tf-keras 2w {ratio}", out)
+        assert re.search(rf"\| AGN\(10\) 2w / tf-keras 2w {ratio}", out)
