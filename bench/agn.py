@@ -37,7 +37,6 @@ Usage:
 
 import argparse
 import os
-import statistics
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -46,6 +45,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from harness import positive_int  # noqa: E402
+from harness import summary  # noqa: E402
 from harness import timed_epoch  # noqa: E402
 
 from keras_clones import AGNOptimizer  # noqa: E402
@@ -158,10 +158,6 @@ def variable_bytes(variables):
     return sum(
         int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables
     )
-
-
-def summary(values):
-    return max(values), statistics.median(values)
 
 
 def throughput_table(results, args):

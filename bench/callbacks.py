@@ -64,6 +64,7 @@ from clones import DEVICES  # noqa: E402
 from clones import split_cpu  # noqa: E402
 from harness import fit_epoch  # noqa: E402
 from harness import positive_int  # noqa: E402
+from harness import summary  # noqa: E402
 
 from keras_clones import AGNOptimizer  # noqa: E402
 from keras_clones import CloneModel  # noqa: E402
@@ -149,10 +150,6 @@ def measure(models, args):
             result["logs"] = timer.logs
         order.reverse()
     return results
-
-
-def summary(values):
-    return max(values), statistics.median(values)
 
 
 def format_tables(results, args):

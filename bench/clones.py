@@ -41,7 +41,6 @@ import dataclasses
 import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 
@@ -58,6 +57,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from harness import positive_int  # noqa: E402
+from harness import summary  # noqa: E402
 from harness import timed_epoch  # noqa: E402
 
 SEED = 0
@@ -304,10 +304,6 @@ def jax_worker(args):
         model = build(bench, initial_weights(bench), args)
         results[bench.name] = measure({JAX_DP: model}, bench, args)[JAX_DP]
     print(json.dumps(results))
-
-
-def summary(values):
-    return max(values), statistics.median(values)
 
 
 def format_table(bench, results, args):

@@ -1,6 +1,7 @@
 """What the benchmarks in this folder share: epoch timing, count flags."""
 
 import argparse
+import statistics
 import time
 
 import keras
@@ -65,3 +66,8 @@ def positive_int(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def summary(values):
+    """Best-of and median: what every benchmark here reports."""
+    return max(values), statistics.median(values)
