@@ -65,8 +65,9 @@ class Replicas:
         self.variables = [list(model.trainable_variables)]
         self.optimizers = [model.optimizer]
         with tf.init_scope():
-            # Built now, so that its state is there to copy.
-            model.optimizer.build(self.variables[0])
+            if not model.optimizer.built:
+                # Built now, so that its state is there to copy.
+                model.optimizer.build(self.variables[0])
             self._stale = tf.Variable(True, trainable=False, name="stale")
         for device in self.devices[1:]:
             with tf.device(device):
