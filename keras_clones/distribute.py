@@ -167,23 +167,12 @@ def check_same_on_every_worker(strategy, what, description):
     ):
         return
     text = json.dumps(description, sort_keys=True, default=repr)
-    fingerprint = zlib.crc32(text.encode())
-
-    @tf.function
-    def gather():
-        def gather_one():
-            context = tf.distribute.get_replica_context()
-            value = tf.identity(tf.constant([fingerprint], "int64"))
-            return context.all_gather(value, axis=0)
-
-        return strategy.run(gather_one)
-
-    fingerprints = strategy.experimental_local_results(gather())[0].numpy()
+    fingerprints = _gathered(strategy, zlib.crc32(text.encode()))
     if len(set(fingerprints)) > 1:
         task = strategy.cluster_resolver.task_id
         raise ValueError(
             f"The workers do not agree on {what} (fingerprints by task: "
-            f"{fingerprints.tolist()}): every worker must run the same script "
+            f"{fingerprints}): every worker must run the same script "
             f"with the same configuration. This worker (task {task}) has: "
             f"{text[:2000]}"
         )
@@ -206,17 +195,22 @@ def _description(model):
 def _chief_seed(strategy):
     """A seed drawn by the chief (from Python's `random`), on every worker."""
     seed = random.randrange(2**31) if strategy.extended.should_checkpoint else 0
+    return sum(_gathered(strategy, seed))
+
+
+def _gathered(strategy, value):
+    """Every worker's integer `value`, one list on every worker."""
 
     @tf.function
-    def broadcast():
-        def add():
+    def gather():
+        def gather_one():
             context = tf.distribute.get_replica_context()
-            value = tf.identity(tf.constant(seed, "int64"))
-            return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+            local = tf.identity(tf.constant([value], "int64"))
+            return context.all_gather(local, axis=0)
 
-        return strategy.run(add)
+        return strategy.run(gather_one)
 
-    return int(strategy.experimental_local_results(broadcast())[0])
+    return strategy.experimental_local_results(gather())[0].numpy().tolist()
 
 
 def _lost_worker_message(error):
