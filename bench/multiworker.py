@@ -16,7 +16,13 @@ synthetic data, for these variants:
    with the same optimizer under the same strategy. Its worker imports
    `tf_keras` and not `keras_clones`. Skipped, with a note, where `tf_keras`
    is not installed (`make bench-multiworker` installs it in `.venv-bench`,
-   leaving `.venv` alone).
+   leaving `.venv` alone);
+4. "x10" variants: AGN(10) 2w and tf-keras 2w compiled with
+   `steps_per_execution=10`. Across workers a `CloneModel` averages its logs
+   once per execution, in one all-reduce, so with 10 steps per execution
+   AGN(10) has two all-reduces per 10 steps (accumulators and logs); with 1,
+   one every step. tf-keras all-reduces the gradients every step either way;
+   its x10 variant shows what fewer calls from Python alone give.
 
 How: each variant is a separate run of `keras_clones.launch` (its
 `launch.py`: the package itself would import TensorFlow into the launcher)
@@ -32,10 +38,11 @@ warm-up) is not timed; the chief prints the steps/s of epochs 2..E (from
 prints, per variant, the best-of and the median over the repeats, then the
 ratios (of the best-ofs, of the medians, and the median of each repeat's
 ratio) that the goals are about: keras_clones 2w >= tf-keras 2w, and
-AGN(10) 2w >= 2 x tf-keras 2w.
+AGN(10) 2w x10 >= 2 x tf-keras 2w, with 1 and with 10 steps per execution.
 
 All-reduces of AGN: `optimizer.communication_rounds` read at the start and
-end of the timed epochs, per 100 timed steps. Their time: a callback takes
+end of the timed epochs, per 100 timed steps (x10 variants are left out of
+this table: their callbacks see one step in 10). Their time: a callback takes
 a timestamp at every `on_train_batch_begin` (only a batch-begin hook, so
 that Keras keeps its batch-end hooks off the main thread), a step's time
 is the gap to the next step's begin (each epoch's last step, whose gap
@@ -47,8 +54,9 @@ has no non-synchronising steps: its estimate takes the median
 non-synchronising step of the AGN(10) run of the same repeat instead. The
 estimate holds everything a synchronising step adds (the all-reduce, the
 outer optimizer step, copying the centers into the model), not only the
-communication. Every step, AGN included, also reduces the logs (loss)
-across the workers; that is in every step's time.
+communication. Every step of the variants with 1 step per execution, AGN
+included, also averages the logs (loss) across the workers, in one
+all-reduce; that is in every step's time.
 
 Two workers on a 2-core machine share the cores: TensorFlow's thread pools
 in each worker default to all cores, so the workers compete for them.
@@ -92,19 +100,25 @@ KC_1 = "keras_clones 1w"
 KC_2 = "keras_clones 2w"
 TFK_1 = "tf-keras 1w"
 TFK_2 = "tf-keras 2w"
+EXECUTION = 10  # Steps per execution of the "x10" variants.
+TFK_2_X = f"{TFK_2} x{EXECUTION}"
 
 
 def agn_name(period):
     return f"AGN({period}) 2w"
 
 
-# name: (worker kind, AGN period or 0, workers)
+AGN_X = f"{agn_name(max(AGN_PERIODS))} x{EXECUTION}"
+
+# name: (worker kind, AGN period or 0, workers, steps per execution)
 VARIANTS = {
-    KC_1: ("keras_clones", 0, 1),
-    KC_2: ("keras_clones", 0, 2),
-    **{agn_name(p): ("keras_clones", p, 2) for p in AGN_PERIODS},
-    TFK_1: ("tf_keras", 0, 1),
-    TFK_2: ("tf_keras", 0, 2),
+    KC_1: ("keras_clones", 0, 1, 1),
+    KC_2: ("keras_clones", 0, 2, 1),
+    **{agn_name(p): ("keras_clones", p, 2, 1) for p in AGN_PERIODS},
+    AGN_X: ("keras_clones", max(AGN_PERIODS), 2, EXECUTION),
+    TFK_1: ("tf_keras", 0, 1, 1),
+    TFK_2: ("tf_keras", 0, 2, 1),
+    TFK_2_X: ("tf_keras", 0, 2, EXECUTION),
 }
 
 # (numerator, denominator, goal or None)
@@ -112,7 +126,11 @@ RATIOS = [
     (KC_2, KC_1, None),
     (TFK_2, TFK_1, None),
     (KC_2, TFK_2, 1.0),
-    (agn_name(10), TFK_2, 2.0),
+    (AGN_X, TFK_2, 2.0),
+    (AGN_X, TFK_2_X, 2.0),
+    (agn_name(10), TFK_2, None),
+    (AGN_X, agn_name(10), None),
+    (TFK_2_X, TFK_2, None),
     (agn_name(10), KC_2, None),
     (agn_name(1), KC_2, None),
 ]
@@ -125,6 +143,7 @@ def worker_main(argv):
     parser = argparse.ArgumentParser()
     parser.add_argument(WORKER_FLAG, choices=["keras_clones", "tf_keras"])
     parser.add_argument("--period", type=int, default=0)
+    parser.add_argument("--steps-per-execution", type=int, default=1)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--epochs", type=int, required=True)
     args = parser.parse_args(argv)
@@ -178,7 +197,11 @@ def worker_main(argv):
             for layer in layers:
                 outputs = layer(outputs)
             model = keras_clones.CloneModel(inputs, outputs)
-        model.compile(optimizer, "sparse_categorical_crossentropy")
+        model.compile(
+            optimizer,
+            "sparse_categorical_crossentropy",
+            steps_per_execution=args.steps_per_execution,
+        )
 
     timer = step_timer(keras, optimizer if args.period else None)
     model.fit(
@@ -189,7 +212,9 @@ def worker_main(argv):
         verbose=0,
     )
     if strategy.cluster_resolver.task_id == 0:
-        result = summarize(timer.epochs[1:], args.period)
+        result = summarize(
+            timer.epochs[1:], args.period, args.steps_per_execution
+        )
         result["tensorflow"] = tf.__version__
         result["keras"] = keras.__version__
         library = keras if args.worker == "tf_keras" else keras_clones
@@ -227,16 +252,18 @@ def step_timer(keras, agn):
     return StepTimer()
 
 
-def summarize(epochs, period):
-    """Steps/s of `epochs`, their loss, step times and AGN counters."""
-    steps = sum(len(e["begins"]) for e in epochs)
+def summarize(epochs, period, execution):
+    """Steps/s of `epochs`, their loss, step times and AGN counters; the
+    callbacks see one step in `execution`."""
+    steps = execution * sum(len(e["begins"]) for e in epochs)
     seconds = sum(e["end"] - e["start"] for e in epochs)
     sync, local = [], []
     for e in epochs:
         begins = e["begins"]
         for i in range(len(begins) - 1):
+            gap = (begins[i + 1] - begins[i]) / execution
             is_sync = period and (e["local_step"] + i + 1) % period == 0
-            (sync if is_sync else local).append(begins[i + 1] - begins[i])
+            (sync if is_sync and execution == 1 else local).append(gap)
     result = {
         "steps": steps,
         "seconds": seconds,
@@ -289,8 +316,9 @@ def parse_args():
         args.steps = QUICK_STEPS if args.quick else STEPS
     if args.epochs is None:
         args.epochs = QUICK_EPOCHS if args.quick else EPOCHS
-    if args.steps % max(AGN_PERIODS):
-        parser.error(f"--steps must be a multiple of {max(AGN_PERIODS)}")
+    multiple = max(*AGN_PERIODS, EXECUTION)
+    if args.steps % multiple:
+        parser.error(f"--steps must be a multiple of {multiple}")
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (the first is not timed)")
     return args
@@ -316,11 +344,12 @@ def launch_script():
 
 def run_variant(name, args):
     """Launches one variant; the chief's result, or None if it failed."""
-    kind, period, workers = VARIANTS[name]
+    kind, period, workers, execution = VARIANTS[name]
     command = [sys.executable, launch_script(), "--workers", str(workers)]
     command += ["--grace-period", "10", __file__, WORKER_FLAG, kind]
     command += ["--period", str(period), "--steps", str(args.steps)]
     command += ["--epochs", str(args.epochs)]
+    command += ["--steps-per-execution", str(execution)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     # A session of its own, so that a stuck launch and its workers can be

@@ -257,7 +257,11 @@ class CloneModel(keras.Model):
     def make_train_function(self, force=False):
         self._check_deployment()
         self._prepare_replicas()
-        return super().make_train_function(force)
+        if not distribute.across_workers(self.distribute_strategy):
+            return super().make_train_function(force)
+        if self.train_function is None or force:
+            self.train_function = distribute.train_function(self)
+        return self.train_function
 
     def _prepare_replicas(self):
         """Builds the copies of replicated variables, to sync before a step."""
@@ -495,7 +499,7 @@ class CloneModel(keras.Model):
         rounds = _communication_rounds(self.optimizer)
         if rounds is not None:
             logs["communication_rounds"] = rounds
-        return distribute.worker_logs(strategy, logs)
+        return logs
 
     def test_step(self, data):
         reduction = _loss_reduction(self.loss)

@@ -67,10 +67,17 @@ def test_two_workers_of_two_clones_match_one_device_on_the_global_batch(
             weights(worker, "plain"), weights(reference, "plain")
         ):
             np.testing.assert_allclose(got, want, atol=1e-5)
-        # The logs show the loss of the global batch.
-        np.testing.assert_allclose(
-            worker["plain_loss"], reference["plain_loss"], rtol=1e-5
-        )
+        # The logs show the loss of the global batch: at the end of every
+        # epoch and, averaged across workers once per execution, of every
+        # execution (plain: 3 steps, then the epoch's last step; bn: 1).
+        for name, executions in (("plain", 2 * 2), ("bn", 2 * 4)):
+            assert worker[f"{name}_batch_loss"].shape == (executions,)
+            for logs in ("loss", "batch_loss"):
+                np.testing.assert_allclose(
+                    worker[f"{name}_{logs}"],
+                    reference[f"{name}_{logs}"],
+                    rtol=1e-5,
+                )
 
 
 def test_workers_hold_bit_identical_weights_and_statistics(results):

@@ -52,18 +52,31 @@ def clone_model(batch_norm, num_clones):
     )
 
 
-def train(model):
+def train(model, steps_per_execution=1):
+    """Trains `model`; its loss at the end of every epoch and every
+    execution (0-d logs only)."""
     with model.distribute_strategy.scope():
-        model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse")
+        model.compile(
+            keras.optimizers.SGD(0.05, momentum=0.9),
+            "mse",
+            steps_per_execution=steps_per_execution,
+        )
     dataset = tf.data.Dataset.from_tensor_slices(data()).batch(GLOBAL_BATCH)
-    history = model.fit(dataset, epochs=EPOCHS, verbose=0)
-    return history.history["loss"]
+    batch_losses = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: batch_losses.append(
+            float(logs["loss"])
+        )
+    )
+    history = model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=[record])
+    return history.history["loss"], batch_losses
 
 
 def save(path, **models_and_losses):
     arrays = {}
-    for name, (model, loss) in models_and_losses.items():
+    for name, (model, (loss, batch_loss)) in models_and_losses.items():
         arrays[f"{name}_loss"] = np.array(loss)
+        arrays[f"{name}_batch_loss"] = np.array(batch_loss)
         for i, weight in enumerate(model.weights):
             arrays[f"{name}_{i}"] = weight.numpy()
     np.savez(path, **arrays)
@@ -85,7 +98,7 @@ def worker(out, index):
         clones = clone_model(batch_norm=True, num_clones=2)
     save(
         os.path.join(out, f"worker_{index}.npz"),
-        plain=(plain, train(plain)),
+        plain=(plain, train(plain, steps_per_execution=3)),
         bn=(clones, train(clones)),
     )
 
@@ -95,7 +108,7 @@ def reference(out):
     clones = clone_model(batch_norm=True, num_clones=4)
     save(
         os.path.join(out, "reference.npz"),
-        plain=(plain, train(plain)),
+        plain=(plain, train(plain, steps_per_execution=3)),
         bn=(clones, train(clones)),
     )
 
