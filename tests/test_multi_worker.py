@@ -246,25 +246,18 @@ def test_loss_scaling_skips_a_step_on_every_worker_alike(tmp_path):
             np.testing.assert_allclose(worker[name], reference[name], atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "mode, what",
-    [("clones", "the deployment"), ("activation", "the model")],
-)
-def test_workers_that_disagree_fail_with_a_clear_error(mode, what):
-    output = run(
-        *LAUNCH,
-        "--grace-period",
-        "60",
-        str(MISMATCH_WORKER),
-        mode,
-        fails=True,
-    )
-    for worker in (0, 1):
-        assert (
-            f"[worker {worker}] ValueError: The workers do not agree on {what}"
-            in output
-        )
-        assert f"worker {worker} exited with code 1" in output
+def test_workers_that_disagree_fail_with_a_clear_error():
+    # One launch, two disagreements in turn; the workers go on after each.
+    output = run(*LAUNCH, "--grace-period", "60", str(MISMATCH_WORKER))
+    for mode, what in (
+        ("clones", "the deployment"),
+        ("activation", "the model"),
+    ):
+        for worker in (0, 1):
+            assert (
+                f"[worker {worker}] {mode}: ValueError: The workers do not "
+                f"agree on {what}" in output
+            ), output[-6000:]
 
 
 def test_the_private_keras_methods_relied_on_still_exist():

@@ -54,7 +54,7 @@ def clone_model(batch_norm, num_clones):
 
 def train(model, steps_per_execution=1):
     """Trains `model`; its loss at the end of every epoch and every
-    execution (0-d logs only)."""
+    execution (an array of the logs as they are: 0-d ones make it 1-d)."""
     with model.distribute_strategy.scope():
         model.compile(
             keras.optimizers.SGD(0.05, momentum=0.9),
@@ -65,7 +65,7 @@ def train(model, steps_per_execution=1):
     batch_losses = []
     record = keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: batch_losses.append(
-            float(logs["loss"])
+            np.asarray(logs["loss"])
         )
     )
     history = model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=[record])
