@@ -1,5 +1,6 @@
 """Multi-worker CloneModel on tf.distribute, against one process."""
 
+import contextlib
 import inspect
 import os
 import pathlib
@@ -24,27 +25,48 @@ LSO_WORKER = WORKERS / "lso_worker.py"
 LAUNCH = ("-m", "keras_clones.launch", "--workers", "2")
 
 
-def run(*args, fails=False, **env):
-    env = dict(
+def environment(**env):
+    return dict(
         os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", **env
     )
+
+
+def run(*args, fails=False, **env):
     result = subprocess.run(
         [sys.executable, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=env,
+        env=environment(**env),
         timeout=300,
     )
     assert (result.returncode != 0) == fails, result.stdout[-6000:]
     return result.stdout
 
 
+@contextlib.contextmanager
+def reference_alongside(script, out):
+    """Runs `script --reference` (one process) while the block runs: the
+    workers spend much of their time waiting on each other."""
+    reference = subprocess.Popen(
+        [sys.executable, str(script), str(out), "--reference"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=environment(),
+    )
+    try:
+        yield
+    finally:
+        output, _ = reference.communicate(timeout=300)
+    assert reference.returncode == 0, output[-6000:]
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("multi_worker")
-    run("-m", "keras_clones.launch", "--workers", "2", str(WORKER), str(out))
-    run(str(WORKER), str(out), "--reference")
+    with reference_alongside(WORKER, out):
+        run(*LAUNCH, str(WORKER), str(out))
     return [np.load(out / f"worker_{i}.npz") for i in range(2)], np.load(
         out / "reference.npz"
     )
@@ -95,6 +117,7 @@ def test_workers_hold_bit_identical_weights_and_statistics(results):
 def agn_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("multi_worker_agn")
     run(*LAUNCH, str(AGN_WORKER), str(out))
+    # After the workers: the reference replays the batches each was fed.
     run(str(AGN_WORKER), str(out), "--reference")
     workers = [np.load(out / f"agn_worker_{i}.npz") for i in range(2)]
     return workers, np.load(out / "agn_reference.npz")
@@ -148,10 +171,12 @@ def restarted(tmp_path_factory):
     scratch = out / "scratch"
     scratch.mkdir()
     args = (*LAUNCH, str(CHIEF_WORKER), str(out))
-    crashed = run(*args, "--crash-at-epoch", "2", fails=True, TMPDIR=scratch)
+    with reference_alongside(CHIEF_WORKER, out):
+        crashed = run(
+            *args, "--crash-at-epoch", "2", fails=True, TMPDIR=scratch
+        )
     assert "crash at epoch 2" in crashed
     resumed = run(*args, TMPDIR=scratch)
-    run(str(CHIEF_WORKER), str(out), "--reference")
     return out, crashed + resumed
 
 
@@ -236,8 +261,8 @@ def test_shuffled_arrays_give_every_row_to_one_worker_once_an_epoch(
 def test_loss_scaling_skips_a_step_on_every_worker_alike(tmp_path):
     # Only one worker's gradients overflow; deciding alone, it would skip
     # the all-reduce the other waits in.
-    run(*LAUNCH, str(LSO_WORKER), str(tmp_path))
-    run(str(LSO_WORKER), str(tmp_path), "--reference")
+    with reference_alongside(LSO_WORKER, tmp_path):
+        run(*LAUNCH, str(LSO_WORKER), str(tmp_path))
     reference = np.load(tmp_path / "lso_reference.npz")
     assert reference["scale"] == 2.0**13  # Two skipped steps.
     for i in range(2):
