@@ -1,6 +1,9 @@
 """Splits the CPU into logical devices before TensorFlow starts."""
 
 import os
+import pathlib
+import subprocess
+import sys
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -29,3 +32,22 @@ def _fresh_keras_session():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def run_bench_quick():
+    """Runs `bench/<name>.py --quick` in a process of its own; its output."""
+
+    def run(name, timeout):
+        script = pathlib.Path(__file__).parent.parent / "bench" / f"{name}.py"
+        result = subprocess.run(
+            [sys.executable, str(script), "--quick"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+            timeout=timeout,
+        )
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        return result.stdout
+
+    return run

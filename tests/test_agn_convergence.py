@@ -1,11 +1,8 @@
 """AGN converges like synchronous training; its example and bench run."""
 
 import importlib
-import os
 import pathlib
 import re
-import subprocess
-import sys
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -25,19 +22,11 @@ def test_agn_matches_synchronous_accuracy_on_digits(monkeypatch, tmp_path):
     assert output.read_bytes().startswith(b"\x89PNG")
 
 
-def test_bench_agn_quick_prints_ratios_and_memory():
-    env = dict(os.environ, KERAS_BACKEND="tensorflow")
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "agn.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_bench_agn_quick_prints_ratios_and_memory(run_bench_quick):
+    out = run_bench_quick("agn", timeout=120)
     for period in (1, 10, 100):
         assert re.search(
             rf"\| AGN\({period}\) / bare \| [0-9.]+ \| [0-9.]+ \|",
-            result.stdout,
-        ), result.stdout
-    assert re.search(r"\| AGN - bare \| [0-9,]+ \| [0-9.]+ \|", result.stdout)
+            out,
+        ), out
+    assert re.search(r"\| AGN - bare \| [0-9,]+ \| [0-9.]+ \|", out)

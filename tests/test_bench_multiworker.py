@@ -1,26 +1,14 @@
 """The multi-worker throughput benchmark runs and prints its tables."""
 
 import importlib.util
-import os
 import pathlib
 import re
-import subprocess
-import sys
 
 ROOT = pathlib.Path(__file__).parent.parent
 
 
-def test_bench_multiworker_quick_prints_ratios_and_rounds():
-    env = dict(os.environ, KERAS_BACKEND="tensorflow")
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "multiworker.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stdout[-3000:]
-    out = result.stdout
+def test_bench_multiworker_quick_prints_ratios_and_rounds(run_bench_quick):
+    out = run_bench_quick("multiworker", timeout=180)
     ratio = r"\| [0-9.]+ \| [0-9.]+ \|"
     assert re.search(rf"\| keras_clones 2w / keras_clones 1w {ratio}", out), out
     assert re.search(rf"\| AGN\(10\) 2w / keras_clones 2w {ratio}", out), out
