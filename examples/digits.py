@@ -12,12 +12,13 @@ def load_split():
     return train_test_split(x, digits.target, test_size=0.25, random_state=0)
 
 
-def mlp_layers(kernel_regularizer=None):
-    """`inputs, outputs` of a 64-128-10 MLP with dropout, seeded."""
+def mlp_layers(kernel_regularizer=None, dropout=0.2):
+    """`inputs, outputs` of a 64-128-10 MLP, seeded; no dropout if 0."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((64,))
     h = keras.layers.Dense(
         128, activation="relu", kernel_regularizer=kernel_regularizer
     )(inputs)
-    h = keras.layers.Dropout(0.2)(h)
+    if dropout:
+        h = keras.layers.Dropout(dropout)(h)
     return inputs, keras.layers.Dense(10, activation="softmax")(h)

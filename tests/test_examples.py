@@ -7,7 +7,7 @@ import sys
 EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
 
 
-def test_digits_demo_reaches_held_out_accuracy():
+def test_digits_demo_shows_clones_match_a_plain_model():
     env = dict(os.environ, KERAS_BACKEND="tensorflow")
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / "train_digits.py")],
@@ -17,11 +17,29 @@ def test_digits_demo_reaches_held_out_accuracy():
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "clone_1_loss" in result.stdout
-    accuracy = float(
-        re.search(r"Held-out accuracy: ([0-9.]+)", result.stdout).group(1)
+    out = result.stdout
+    assert re.search(r"clone_1_loss [0-9.]+: each clone's own loss", out), out
+
+    def row(label):
+        match = re.search(rf"{label} +([0-9.]+) +([0-9.]+)\n", out)
+        assert match, out
+        return float(match.group(1)), float(match.group(2))
+
+    plain_loss, clone_loss = row("final training loss")
+    assert abs(plain_loss - clone_loss) < 1e-5
+    plain_accuracy, clone_accuracy = row("held-out accuracy")
+    assert plain_accuracy > 0.95
+    assert clone_accuracy > 0.95
+    weight_diff = re.search(
+        r"Largest absolute weight difference: ([0-9.e+-]+)", out
     )
-    assert accuracy > 0.9
+    assert weight_diff, out
+    assert float(weight_diff.group(1)) < 1e-5
+    # The examples it points to exist.
+    suggested = re.findall(r"python (examples/\S+\.py)", out)
+    assert len(suggested) == 2, out
+    for path in suggested:
+        assert (EXAMPLES.parent / path).is_file(), path
 
 
 def test_callbacks_example_writes_summaries(tmp_path):
