@@ -4,12 +4,15 @@
 worker with its own `TF_CONFIG` on 127.0.0.1, prints their output with a
 `[worker i]` prefix and exits non-zero if any worker fails. It never waits
 forever once a worker has failed: the others get a grace period, then are
-stopped. The module imports no TensorFlow: the workers do the training.
+stopped, and a summary names the failed workers with their error lines.
+Neither this module nor `import keras_clones` imports TensorFlow or Keras:
+the workers do the training.
 """
 
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,13 +24,38 @@ import time
 # long their output is drained after they exit.
 _TERMINATE_TIMEOUT = 5.0
 _POLL_INTERVAL = 0.1
+# Error lines longer than this are cut in the summary (not in the output).
+_MAX_ERROR_LINE = 500
+
+_TRACEBACK = "Traceback (most recent call last):"
+# What ends a Python traceback: `ValueError: message`, a bare
+# `KeyboardInterrupt`, `package.module.SomeError: message`. The class name
+# has a lower-case letter, unlike `WARNING:` in log lines.
+_EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*[a-z]\w*(?::|: .*)?")
+# An error line outside a traceback: `SomethingError: ...` or `...Exception: `.
+_ERROR_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): .*")
 
 _EPILOG = """\
 Each worker runs `python SCRIPT ARGS` with TF_CONFIG naming a cluster of
 WORKERS tasks on 127.0.0.1 (free ports) and its own task index, which is
 what tf.distribute.MultiWorkerMirroredStrategy() reads. When a worker fails,
 the others get --grace-period seconds to exit, then are stopped (SIGTERM,
-then SIGKILL) and the launcher exits non-zero.
+then SIGKILL) and the launcher exits non-zero, with the exit code of the
+first worker that failed (128 + N if signal N killed it).
+
+After the others are stopped, the launcher ends with a summary on stderr,
+one line per worker that failed, the first to fail first:
+
+    keras_clones.launch: summary: worker 1 exited with code 1: ValueError: ...
+
+The error line quoted is the exception line that ends the last Python
+traceback in the worker's output (the first unindented line after
+"Traceback (most recent call last):" that looks like `Name: message`;
+Python prints a chained exception's causes first and the exception that
+ended the worker last). A worker that printed no traceback is quoted by its
+first line that starts with a name ending in Error or Exception and a colon
+(`tensorflow.python.framework.errors_impl.UnavailableError: ...`); if it
+printed neither, the summary says so.
 
 This launcher is for one machine. On a cluster, let the scheduler start one
 process per task instead. Under Slurm (`srun python train.py`), build the
@@ -51,7 +79,20 @@ def launch(script, args=(), workers=2, grace_period=30.0):
     by line, prefixed with `[worker i]`. When a worker exits non-zero or is
     killed by a signal, the launcher says which and how on `sys.stderr`,
     waits up to `grace_period` seconds for the others, and stops those still
-    running with SIGTERM, then SIGKILL.
+    running with SIGTERM, then SIGKILL. Then it prints a summary on
+    `sys.stderr`, one line per worker that failed (the first to fail
+    first): how it failed and its error line, e.g.
+
+        keras_clones.launch: summary: worker 1 exited with code 1: ValueError: x
+
+    A worker's error line is the exception line that ends the last Python
+    traceback in its output: the first unindented line after
+    `Traceback (most recent call last):` that looks like `Name: message`
+    (or a bare `Name`). For a chained exception Python prints the causes
+    first and the exception that ended the worker last. If the worker
+    printed no traceback, it is its first line that starts with a (dotted)
+    name ending in `Error` or `Exception` followed by `: `. Lines are cut
+    after 500 characters.
 
     Args:
         script: Path of the Python script every worker runs.
@@ -86,7 +127,8 @@ def launch(script, args=(), workers=2, grace_period=30.0):
         raise FileNotFoundError(f"No such script: {script!r}.")
     cluster = [f"127.0.0.1:{port}" for port in _free_ports(workers)]
     lock = threading.Lock()
-    processes, readers = [], []
+    processes, readers, failed = [], [], []
+    error_lines = [_ErrorLine() for _ in range(workers)]
     try:
         for index in range(workers):
             tf_config = {
@@ -108,17 +150,24 @@ def launch(script, args=(), workers=2, grace_period=30.0):
         for index, process in enumerate(processes):
             reader = threading.Thread(
                 target=_print_lines,
-                args=(process.stdout, f"[worker {index}] ", lock),
+                args=(
+                    process.stdout,
+                    f"[worker {index}] ",
+                    lock,
+                    error_lines[index],
+                ),
                 daemon=True,
             )
             reader.start()
             readers.append(reader)
-        return _wait(processes, grace_period, lock)
+        exit_code = _wait(processes, grace_period, lock, failed)
     finally:
         # Also reached on Ctrl-C or an error: no worker outlives the launcher.
         _stop(processes)
         for reader in readers:
             reader.join(_TERMINATE_TIMEOUT)
+    _summarize(failed, error_lines, lock)
+    return exit_code
 
 
 def _die_with_parent():
@@ -144,11 +193,41 @@ def _free_ports(count):
             sock.close()
 
 
-def _print_lines(stream, prefix, lock):
+def _print_lines(stream, prefix, lock, error_line):
     with stream:
         for line in stream:
+            line = line.rstrip("\n")
+            error_line.feed(line)
             with lock:
-                print(prefix + line.rstrip("\n"), flush=True)
+                print(prefix + line, flush=True)
+
+
+class _ErrorLine:
+    """Finds a worker's error line (see `launch`) in its output."""
+
+    def __init__(self):
+        self._in_traceback = False
+        self._last_traceback_line = None
+        self._first_error_line = None
+
+    def feed(self, line):
+        # A progress bar redraws itself after "\r"; trailing spaces pad it.
+        line = line.rsplit("\r", 1)[-1].rstrip()
+        if line == _TRACEBACK:
+            self._in_traceback = True
+        elif self._in_traceback:
+            # The frames are indented; another thread's lines (TensorFlow
+            # logs) may come in between.
+            if _EXCEPTION_LINE.fullmatch(line):
+                self._last_traceback_line = line
+                self._in_traceback = False
+        elif self._first_error_line is None and _ERROR_LINE.fullmatch(line):
+            self._first_error_line = line
+
+    @property
+    def line(self):
+        """The error line, or None if the output has none."""
+        return self._last_traceback_line or self._first_error_line
 
 
 def _log(message, lock):
@@ -158,12 +237,37 @@ def _log(message, lock):
 
 def _failure(code):
     if code < 0:
-        return f"was killed by {signal.Signals(-code).name}"
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:  # A real-time signal has no name.
+            return f"was killed by signal {-code}"
     return f"exited with code {code}"
 
 
-def _wait(processes, grace_period, lock):
-    """Waits for the workers, up to `grace_period` after the first failure."""
+def _summarize(failed, error_lines, lock):
+    for position, (index, code) in enumerate(failed):
+        first = (
+            " (the first to fail)" if position == 0 and len(failed) > 1 else ""
+        )
+        line = error_lines[index].line
+        if line is None:
+            detail = (
+                "; it printed no Python traceback or error line (see its "
+                f"[worker {index}] lines above)"
+            )
+        elif len(line) > _MAX_ERROR_LINE:
+            detail = f": {line[:_MAX_ERROR_LINE]} [...]"
+        else:
+            detail = f": {line}"
+        _log(f"summary: worker {index}{first} {_failure(code)}{detail}", lock)
+
+
+def _wait(processes, grace_period, lock, failed):
+    """Waits for the workers, up to `grace_period` after the first failure.
+
+    Appends `(index, returncode)` to `failed` for each worker that fails
+    by itself, in the order they are seen failing.
+    """
     first_failure, exit_code, deadline = None, 0, None
     reported = set()
     while True:
@@ -171,6 +275,7 @@ def _wait(processes, grace_period, lock):
         for index, process in enumerate(processes):
             if process.returncode and index not in reported:
                 reported.add(index)
+                failed.append((index, process.returncode))
                 message = f"worker {index} {_failure(process.returncode)}"
                 if first_failure is None:
                     first_failure = index

@@ -255,3 +255,331 @@ def test_no_worker_outlives_a_stopped_launcher(tmp_path, signum):
         time.sleep(0.1)
     for pid in pids:
         assert_gone(pid)
+
+
+# The summary a failed launch ends with.
+
+
+def summary(err):
+    return [
+        line[len("keras_clones.launch: summary: ") :]
+        for line in err.splitlines()
+        if line.startswith("keras_clones.launch: summary: ")
+    ]
+
+
+def test_a_failed_launch_ends_with_the_error_that_ended_the_worker(
+    tmp_path, capsys
+):
+    script = write_script(
+        tmp_path,
+        """
+        if index == 0:
+            time.sleep(1000)
+        noise = [
+            "WARNING: All log messages before absl::InitializeLog() is called",
+            "E0000 00:00:1.0 1 coordination_service.cc:1] UNAVAILABLE: noise",
+            "Epoch 1/3",
+            "loss: 0.25",
+            "ZeroDivisionError: printed, not raised",
+        ]
+        for i, line in enumerate(noise):
+            print(line, file=(sys.stdout, sys.stderr)[i % 2])
+        try:
+            {}["learning_rate"]
+        except KeyError as e:
+            raise ValueError("bad value in keras_clones: received -1") from e
+        """,
+    )
+
+    assert launch(script, workers=2, grace_period=0.5) == 1
+
+    out, err = capsys.readouterr()
+    # The output is still printed in full, prefixed.
+    assert "[worker 1] ZeroDivisionError: printed, not raised" in out
+    assert "[worker 1] KeyError: 'learning_rate'" in out
+    assert "[worker 1] Traceback (most recent call last):" in out
+    # The summary comes last, once worker 0 is stopped, and quotes the
+    # exception that ended worker 1 (not its cause, nor the earlier line).
+    lines = err.splitlines()
+    assert "stopping worker 0: still running 0.5 s after worker 1" in lines[-2]
+    assert lines[-1] == (
+        "keras_clones.launch: summary: worker 1 exited with code 1: "
+        "ValueError: bad value in keras_clones: received -1"
+    )
+
+
+def test_the_summary_names_every_failed_worker_first_failure_first(
+    tmp_path, capsys
+):
+    # Worker 1 fails first, then 0 (once the launcher has seen 1 exit), then 2.
+    script = write_script(
+        tmp_path,
+        f"""
+        def pid_file(i):
+            return os.path.join({str(tmp_path)!r}, f"pid{{i}}")
+
+        def wait_until_reaped(i):
+            while not os.path.exists(pid_file(i)):
+                time.sleep(0.02)
+            pid = int(open(pid_file(i)).read())
+            while True:
+                try:
+                    os.kill(pid, 0)  # A zombie until the launcher sees it.
+                except ProcessLookupError:
+                    return
+                time.sleep(0.02)
+
+        with open(pid_file(index) + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file(index) + ".tmp", pid_file(index))
+        if index == 1:
+            print("tensorflow.python.framework.errors_impl.UnavailableError: "
+                  "Socket closed")
+            print("RuntimeError: a later error line")
+            sys.exit(3)
+        if index == 0:
+            wait_until_reaped(1)
+            print("WARNING: not an error line")
+            os.kill(os.getpid(), signal.SIGKILL)
+        wait_until_reaped(0)
+        raise RuntimeError("x" * 600)
+        """,
+    )
+
+    assert launch(script, workers=3, grace_period=30) == 3
+
+    assert summary(capsys.readouterr().err) == [
+        "worker 1 (the first to fail) exited with code 3: "
+        "tensorflow.python.framework.errors_impl.UnavailableError: "
+        "Socket closed",
+        "worker 0 was killed by SIGKILL; it printed no Python traceback or "
+        "error line (see its [worker 0] lines above)",
+        "worker 2 exited with code 1: RuntimeError: "
+        + "x" * (500 - len("RuntimeError: "))
+        + " [...]",
+    ]
+
+
+def test_a_launch_that_succeeds_has_no_summary(tmp_path, capsys):
+    script = write_script(tmp_path, 'print("ValueError: only printed")')
+
+    assert launch(script, workers=2) == 0
+
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        # Python's own traceback; TensorFlow's logs from another thread may
+        # come in between its lines.
+        (
+            [
+                "Traceback (most recent call last):",
+                '  File "train.py", line 3, in <module>',
+                "E0000 00:00:1.0 1 agent.cc:1] UNAVAILABLE: noise",
+                "WARNING: absl",
+                "    model.fit(x)",
+                "    ^^^^^^^^^^^^",
+                "keras_clones.errors.SomeError: the message",
+                "more of the message",
+            ],
+            "keras_clones.errors.SomeError: the message",
+        ),
+        # The last traceback ends the worker; a bare exception name counts.
+        (
+            [
+                "Traceback (most recent call last):",
+                '  File "train.py", line 3, in <module>',
+                "ValueError: logged, then handled",
+                "Traceback (most recent call last):",
+                '  File "train.py", line 9, in <module>',
+                "KeyboardInterrupt",
+            ],
+            "KeyboardInterrupt",
+        ),
+        # No traceback: the first `...Error: ` or `...Exception: ` line.
+        (
+            [
+                "WARNING: Error: not a class name",
+                "Epoch 1/3",
+                "\rprogress ValueError: after a carriage return ",
+                "MyException: the first",
+                "RuntimeError: the second",
+            ],
+            "MyException: the first",
+        ),
+        # A script that does not compile prints no `Traceback` line.
+        (
+            [
+                '  File "train.py", line 3',
+                "    model.fit(",
+                "             ^",
+                "SyntaxError: '(' was never closed",
+            ],
+            "SyntaxError: '(' was never closed",
+        ),
+        (["Epoch 1/3", "loss: 0.5", "error: no such file", "Killed"], None),
+    ],
+)
+def test_the_error_line(lines, expected):
+    error_line = launch_module._ErrorLine()
+    for line in lines:
+        error_line.feed(line)
+    assert error_line.line == expected
+
+
+def test_help_documents_the_summary(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+
+    out = capsys.readouterr().out
+    assert "summary" in out
+    assert "Traceback (most recent call last):" in out
+
+
+# Importing the launcher imports neither TensorFlow nor Keras.
+
+HEAVY_MODULES = ("tensorflow", "keras")
+
+
+def test_python_dash_m_launch_imports_no_tensorflow_or_keras():
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "keras_clones.launch"]
+        + ["--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage: python -m keras_clones.launch" in result.stdout
+    # `import time: self [us] | cumulative | name`, one line per module.
+    imported = [
+        line.split("|")[-1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    ]
+    assert "keras_clones" in imported  # The package, before __main__.
+    heavy = [m for m in imported if m.split(".")[0] in HEAVY_MODULES]
+    assert heavy == []
+
+
+def test_import_keras_clones_imports_no_tensorflow_or_keras():
+    code = """if True:
+        import json, sys
+        import keras_clones
+        import keras_clones.launch
+        names = dir(keras_clones)
+        print(json.dumps({
+            "heavy": [m for m in sys.modules if m.split(".")[0] in %r],
+            "version": keras_clones.__version__,
+            "all": keras_clones.__all__,
+            "in_dir": [n for n in keras_clones.__all__ if n in names],
+        }))
+    """ % (HEAVY_MODULES,)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = json.loads(result.stdout)
+    assert found["heavy"] == []
+    assert found["version"] == "0.1.0"
+    public = ["AGNOptimizer", "CloneModel", "DeploymentConfig", "callbacks"]
+    assert found["all"] == found["in_dir"] == public
+
+
+@pytest.fixture(scope="module")
+def saved_clone_model(tmp_path_factory):
+    """A CloneModel compiled with an AGNOptimizer, saved after one step."""
+    import keras
+    import numpy as np
+
+    import keras_clones
+
+    inputs = keras.Input((3,))
+    model = keras_clones.CloneModel(
+        inputs,
+        keras.layers.Dense(2)(inputs),
+        deployment=keras_clones.DeploymentConfig(devices=["/cpu:0"]),
+    )
+    optimizer = keras_clones.AGNOptimizer(
+        keras.optimizers.SGD(0.1), communication_period=2
+    )
+    model.compile(optimizer, "mse")
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), batch_size=4, verbose=0)
+    path = tmp_path_factory.mktemp("saved") / "clones.keras"
+    model.save(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "imports, load_model",
+    [
+        ("import keras_clones; import keras", "keras.models.load_model"),
+        # `import tensorflow` imports Keras midway through.
+        (
+            "import keras_clones; import tensorflow",
+            "tf.keras.models.load_model",
+        ),
+    ],
+)
+def test_import_keras_clones_then_keras_loads_saved_clone_models(
+    saved_clone_model, imports, load_model
+):
+    # keras_clones.CloneModel is never accessed: loading finds the classes
+    # in Keras's registry only.
+    code = f"""if True:
+        import sys
+        {imports}
+        tf = sys.modules["tensorflow"]
+        model = {load_model}({str(saved_clone_model)!r})
+        print(type(model).__mro__[1].__module__, type(model).__name__)
+        print(type(model.optimizer).__module__)
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == [
+        "keras_clones.clone_model",
+        "FunctionalCloneModel",
+        "keras_clones.agn",
+    ]
+
+
+def test_another_backend_fails_where_keras_is_imported(tmp_path):
+    (tmp_path / "keras.json").write_text('{"backend": "numpy"}')
+    env = dict(os.environ, KERAS_HOME=str(tmp_path))
+    env.pop("KERAS_BACKEND")
+    code = "import keras_clones; print('imported', flush=True); import keras"
+
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+
+    assert result.returncode == 1
+    assert result.stdout == "imported\n"
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        "ImportError: keras_clones needs the TensorFlow backend of Keras, but "
+        "Keras is set to the 'numpy' backend. Set the environment variable "
+        "KERAS_BACKEND=tensorflow before importing keras (or set "
+        '"backend": "tensorflow" in ~/.keras/keras.json).'
+    )
