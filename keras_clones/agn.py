@@ -1,6 +1,7 @@
 """`AGNOptimizer`: Accumulated Gradient Normalization around any optimizer."""
 
 import contextlib
+import warnings
 
 import keras
 import tensorflow as tf
@@ -46,6 +47,13 @@ def _check_wrapped(optimizer, argument):
             f"`{argument}` must not be a LossScaleOptimizer: wrap the "
             "AGNOptimizer in the LossScaleOptimizer instead."
         )
+    if isinstance(optimizer, AGNOptimizer):
+        raise ValueError(
+            f"`{argument}` must not be an AGNOptimizer: AGN does not nest. "
+            f"Received: {argument}={optimizer.name!r} (an AGNOptimizer around "
+            f"{optimizer.inner_optimizer.name!r}). Pass the optimizer it "
+            "wraps, `AGNOptimizer(keras.optimizers.SGD(...))`."
+        )
     for option, reason in _REFUSED_INNER_OPTIONS.items():
         if getattr(optimizer, option, None):
             raise ValueError(
@@ -54,14 +62,98 @@ def _check_wrapped(optimizer, argument):
             )
 
 
+def _tf_variable(variable):
+    """The `tf.Variable` of a Keras variable, or a plain `tf.Variable`."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _name(variable):
+    """A variable's path, or a plain `tf.Variable`'s name (it has no path)."""
+    return getattr(variable, "path", variable.name)
+
+
+def _slot_name(variable, what):
+    """The name of an optimizer variable for `variable`, as Keras's
+    `add_variable_from_reference` makes it."""
+    return f"{_name(variable).replace('/', '_').replace(':', '_')}_{what}"
+
+
+def _overwrites(variable):
+    """Whether Keras assigns `variable` its gradient (float8 training)."""
+    return getattr(variable, "overwrite_with_gradient", False)
+
+
+def _has_value(variable):
+    """False for a variable created in the `tf.function` being traced (a
+    model built by its first step): the function initializes it when it
+    first runs."""
+    return bool(_tf_variable(variable).is_initialized())
+
+
 def _update(distribution, variable, value):
     """Assigns `value` to `variable` on every replica (cross-replica)."""
     distribution.extended.update(
-        variable.value,
+        _tf_variable(variable),
         lambda var, value: var.assign(value),
-        args=(value.value,),
+        args=(_tf_variable(value),),
         group=False,
     )
+
+
+def _with_gradients(grads, variables):
+    """The (gradient, variable) pairs that have a gradient, as Keras's
+    optimizers keep them: a missing gradient is a warning, none an error."""
+    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    missing = [_name(v) for g, v in zip(grads, variables) if g is None]
+    if not pairs:
+        raise ValueError(
+            "No gradients provided for any variable. Received None as the "
+            f"gradient of every variable: {missing}. Check that the loss "
+            "depends on the trainable variables (with `model.compile()`, "
+            "that a `loss` was given)."
+        )
+    if missing:
+        warnings.warn(
+            f"Gradients do not exist for variables {missing} when "
+            "minimizing the loss. If using `model.compile()`, did you forget "
+            "to provide a `loss` argument?"
+        )
+    return pairs
+
+
+def _overwrite_with_gradients(grads, variables):
+    """Assigns their gradient to the `overwrite_with_gradient` variables, as
+    Keras's optimizers do (no clipping or decay, no AGN state); returns the
+    other gradients and variables."""
+    kept_grads, kept_variables = [], []
+    for grad, variable in zip(grads, variables):
+        if _overwrites(variable):
+            variable.assign(grad)
+        else:
+            kept_grads.append(grad)
+            kept_variables.append(variable)
+    return kept_grads, kept_variables
+
+
+def _fresh_copy(optimizer, name):
+    """A new, unbuilt optimizer with `optimizer`'s config and its learning
+    rate object itself (float, schedule or callable), never deserialized."""
+    with warnings.catch_warnings():
+        # The learning rate is not serialized, so a lambda is no risk.
+        warnings.filterwarnings("ignore", "The object being serialized")
+        try:
+            config = optimizer.get_config()
+        except TypeError as e:
+            raise ValueError(
+                "AGNOptimizer makes its default outer optimizer from "
+                f"`optimizer.get_config()`, which failed for {optimizer!r}: "
+                f"{e} Pass `outer_optimizer` explicitly."
+            ) from None
+    learning_rate = optimizer._learning_rate
+    if not isinstance(learning_rate, keras.Variable):
+        config["learning_rate"] = learning_rate
+    config["name"] = name
+    return optimizer.__class__.from_config(config)
 
 
 def _device_list(global_device):
@@ -92,24 +184,35 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     Wraps any Keras optimizer. Each step (each `apply`):
 
     1. the inner `optimizer` updates the model's (local) variables;
-    2. the gradients are added to one accumulator per variable;
+    2. the gradients are added to one accumulator per variable (sparse
+       gradients, such as an `Embedding`'s `tf.IndexedSlices`, densified);
     3. the local step is incremented, and every `communication_period` steps
        the accumulators are divided by the period (the normalization that
        keeps the update size independent of the period), the
        `outer_optimizer` applies them to the global-center variables, the
        centers are copied into the local variables, and the accumulators are
-       reset.
+       reset. So the outer optimizer sees the dense mean gradient of the
+       period, also for variables whose gradients are sparse.
 
-    `communication_period=1` is plain synchronous training with the inner
-    optimizer (when the outer optimizer is plain SGD with learning rate 1,
-    or, by default, a copy of the inner one).
+    With the default outer optimizer (a fresh copy of the inner one),
+    `communication_period=1` trains exactly as the bare inner optimizer: the
+    outer optimizer then takes each step's gradients as they come, sparse
+    ones sparse, and the accumulators stay empty.
+
+    It behaves as any Keras optimizer: variable constraints hold after
+    every update, for the local weights and the centers alike; variables
+    with `overwrite_with_gradient` (float8 training) take their gradient as
+    their value and have no AGN state; plain `tf.Variable`s are accepted; a
+    missing gradient is a warning and no gradient at all an error;
+    `exclude_from_weight_decay()` applies to both optimizers.
 
     State. For every model variable the optimizer keeps a global center
     (`global_center_variable(var)`) and a gradient accumulator
     (`grad_variable(var)`), plus `local_step`. They, and the inner and outer
-    optimizers' state, are optimizer variables: `model.save`,
-    checkpoints and `BackupAndRestore` store and restore them, so training
-    resumes exactly, even in the middle of a communication period.
+    optimizers' state, are optimizer variables (`variables`, in a fixed
+    order): `set_weights`, `model.save`, checkpoints and `BackupAndRestore`
+    store and restore them, so training resumes exactly, even in the middle
+    of a communication period.
 
     After `fit` the model holds its local weights, so that a later `fit`
     continues exactly. To evaluate or export the global model, call
@@ -132,13 +235,15 @@ class AGNOptimizer(keras.optimizers.Optimizer):
 
     Args:
         optimizer: The inner Keras optimizer, applied to the model's
-            variables every step.
+            variables every step. Not an `AGNOptimizer`, nor a
+            `LossScaleOptimizer` (wrap the AGNOptimizer in one instead).
         communication_period: Steps between synchronisations, >= 1.
         outer_optimizer: The optimizer applied to the global centers. By
             default a fresh optimizer with the same config as `optimizer`
-            (its own slots and iteration count), whose learning rate follows
-            the inner one. Passing e.g. SGD with Nesterov momentum gives
-            DiLoCo-style training.
+            (its own slots and iteration count) and the same learning rate
+            (float, schedule or callable), which follows the inner one's.
+            Passing e.g. SGD with Nesterov momentum gives DiLoCo-style
+            training.
         global_device: Optional device (or list of devices, used
             round-robin) for the global centers.
         name: The name of the optimizer.
@@ -190,9 +295,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             )
         outer_follows_inner = outer_optimizer is None
         if outer_optimizer is None:
-            outer_config = optimizer.get_config()
-            outer_config["name"] = f"{optimizer.name}_outer"
-            outer_optimizer = optimizer.__class__.from_config(outer_config)
+            outer_optimizer = _fresh_copy(optimizer, f"{optimizer.name}_outer")
         else:
             _check_wrapped(outer_optimizer, "outer_optimizer")
             if outer_optimizer is optimizer:
@@ -203,6 +306,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         global_devices = _device_list(global_device)
         super().__init__(learning_rate=0.0, name=name)
         self._outer_follows_inner = outer_follows_inner
+        self._exclusions_forwarded = False
         self._global_devices = global_devices
         self.inner_optimizer = optimizer
         self.outer_optimizer = outer_optimizer
@@ -213,31 +317,53 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     def build(self, var_list):
         if self.built:
             return
+        # Outside any function being traced, where `apply` or a
+        # `LossScaleOptimizer`'s step may call it: state is created once.
+        with tf.init_scope():
+            self._build(var_list)
+        super().build(var_list)
+        if self._outer_follows_inner or self._exclusions_forwarded:
+            self._exclude_centers_from_weight_decay()
+
+    def _build(self, var_list):
         self._local_step = self.add_variable(
             shape=(), dtype="int64", name="local_step"
         )
         self._communication_rounds = self.add_variable(
             shape=(), dtype="int64", name="communication_rounds"
         )
+        # Variables Keras overwrites with their gradient have no AGN state
+        # (`None`), as they have no slots in Keras's optimizers.
         self._centers = []
         self._accumulators = []
         self._slot_of = {}
         for i, variable in enumerate(var_list):
-            device = self._global_devices[i % len(self._global_devices)]
-            scope = tf.device(device) if device else contextlib.nullcontext()
-            with scope:
-                center = self.add_variable(
-                    shape=variable.shape,
-                    dtype=variable.dtype,
-                    name=f"{variable.path.replace('/', '_')}_global_center",
-                )
-            center.assign(variable)
-            self._centers.append(center)
-            self._accumulators.append(self._add_accumulator(variable))
             self._slot_of[id(variable)] = i
+            if _overwrites(variable):
+                self._centers.append(None)
+                self._accumulators.append(None)
+                continue
+            self._centers.append(self._add_center(variable, i))
+            self._accumulators.append(self._add_accumulator(variable))
         self.inner_optimizer.build(var_list)
-        self.outer_optimizer.build(self._centers)
-        super().build(var_list)
+        self.outer_optimizer.build([c for c in self._centers if c is not None])
+
+    def _add_center(self, variable, index):
+        device = self._global_devices[index % len(self._global_devices)]
+        scope = tf.device(device) if device else contextlib.nullcontext()
+        with scope:
+            center = self.add_variable(
+                shape=variable.shape,
+                dtype=variable.dtype,
+                name=_slot_name(variable, "global_center"),
+            )
+        # The outer optimizer applies it after every update, as Keras's
+        # optimizers apply a variable's constraint.
+        center.constraint = variable.constraint
+        # Otherwise the first step copies it (see `_start_from_model`).
+        if _has_value(variable):
+            center.assign(variable)
+        return center
 
     def _add_accumulator(self, variable):
         # Each replica sums its own gradients, with no communication; read
@@ -245,7 +371,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         # variable is the sum over replicas, i.e. the accumulated all-reduced
         # gradient. Restoring it gives every replica an equal share.
         colocate = self._distribution_strategy.extended.colocate_vars_with
-        with colocate(variable.value), keras.name_scope(self.name):
+        with colocate(_tf_variable(variable)), keras.name_scope(self.name):
             accumulator = keras.Variable(
                 initializer="zeros",
                 shape=variable.shape,
@@ -253,18 +379,85 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 trainable=False,
                 synchronization="on_read",
                 aggregation="sum",
-                name=f"{variable.path.replace('/', '_')}_grad_accumulator",
+                name=_slot_name(variable, "grad_accumulator"),
             )
         self._track_variable(accumulator)
         return accumulator
 
+    def exclude_from_weight_decay(self, var_list=None, var_names=None):
+        """Excludes variables from weight decay, in both optimizers.
+
+        Forwarded to the inner optimizer's `exclude_from_weight_decay`; the
+        outer optimizer leaves out the global centers of the variables the
+        inner one leaves out (as the default outer optimizer always does).
+        Call it before the optimizer is built.
+
+        Args:
+            var_list: A list of model variables to exclude from weight decay.
+            var_names: A list of strings: variables whose name contains one
+                of them are excluded from weight decay.
+        """
+        if self.built:
+            raise ValueError(
+                "`exclude_from_weight_decay()` must be called before the "
+                "AGNOptimizer is built (on the first training step or by "
+                f"`optimizer.build(variables)`); {self.name!r} is built. "
+                "Call it right after creating the optimizer."
+            )
+        self.inner_optimizer.exclude_from_weight_decay(var_list, var_names)
+        self._exclusions_forwarded = True
+
+    def _exclude_centers_from_weight_decay(self):
+        # Keras resolves exclusions per variable, by identity or name; the
+        # centers are other variables with other names.
+        decays = self.inner_optimizer._use_weight_decay
+        self.outer_optimizer.exclude_from_weight_decay(
+            var_list=[
+                center
+                for variable, center in zip(
+                    self._trainable_variables, self._centers
+                )
+                if center is not None and not decays(variable)
+            ]
+        )
+
     @property
     def variables(self):
+        """The whole state: this optimizer's own variables (iterations,
+        local step, communication rounds, then a global center and a
+        gradient accumulator per model variable, in the model's order),
+        then the inner optimizer's, then the outer optimizer's."""
         return (
             self._variables
             + self.inner_optimizer.variables
             + self.outer_optimizer.variables
         )
+
+    def set_weights(self, weights):
+        """Sets the whole state, in the order of `variables`."""
+        if not self.built:
+            raise ValueError(
+                "`set_weights()` needs a built AGNOptimizer: call "
+                "`optimizer.build(model.trainable_variables)` first."
+            )
+        variables = self.variables
+        if len(weights) != len(variables):
+            raise ValueError(
+                f"AGNOptimizer {self.name!r} has {len(variables)} variables "
+                "(its own, then the inner and the outer optimizer's). "
+                f"Received {len(weights)} weights. Pass the `variables` of "
+                "an AGNOptimizer built on the same model with the same "
+                "inner and outer optimizers."
+            )
+        for variable, weight in zip(variables, weights):
+            if tuple(variable.shape) != tuple(weight.shape):
+                raise ValueError(
+                    f"Optimizer variable {variable.path} has shape "
+                    f"{tuple(variable.shape)}. Received a weight of shape "
+                    f"{tuple(weight.shape)}. Pass weights in the order of "
+                    "`variables`."
+                )
+            variable.assign(weight)
 
     @property
     def local_step(self):
@@ -283,13 +476,21 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 "first training step or by `optimizer.build(variables)`."
             )
         try:
-            return self._slot_of[id(variable)]
+            index = self._slot_of[id(variable)]
         except KeyError:
             raise KeyError(
                 f"The AGNOptimizer has no {what} for variable "
-                f"{getattr(variable, 'path', variable)!r}: it was built on "
+                f"{_name(variable)!r}: it was built on "
                 "other variables (those of the model it was compiled with)."
             ) from None
+        if self._centers[index] is None:
+            raise KeyError(
+                f"The AGNOptimizer has no {what} for variable "
+                f"{_name(variable)!r}: it has `overwrite_with_gradient=True`, "
+                "so it takes its gradient as its value, as with any Keras "
+                "optimizer. Read the variable itself."
+            )
+        return index
 
     def global_center_variable(self, variable):
         """The global-center variable of model variable `variable`."""
@@ -310,10 +511,13 @@ class AGNOptimizer(keras.optimizers.Optimizer):
 
         Args:
             var_list: The variables to overwrite; by default every variable
-                the optimizer was built with.
+                the optimizer was built with (but those with
+                `overwrite_with_gradient`, which have no center).
         """
         if var_list is None:
-            var_list = self._trainable_variables
+            var_list = [
+                v for v in self._trainable_variables if not _overwrites(v)
+            ]
         for variable in var_list:
             variable.assign(self.global_center_variable(variable))
 
@@ -345,15 +549,8 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             )
         trainable_variables = list(trainable_variables)
         grads = list(grads)
-        if not self.built:
-            with tf.init_scope():
-                self.build(trainable_variables)
-        pairs = [
-            (g, v) for g, v in zip(grads, trainable_variables) if g is not None
-        ]
-        if not pairs:
-            return
-        grads, variables = zip(*pairs)
+        self.build(trainable_variables)
+        grads, variables = zip(*_with_gradients(grads, trainable_variables))
         if self._non_finite_guard is None:
             self._apply_pairs(replica_context, grads, variables)
         else:
@@ -364,6 +561,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             )
 
     def _apply_pairs(self, replica_context, grads, variables):
+        grads, variables = _overwrite_with_gradients(grads, variables)
         centers = [self.global_center_variable(v) for v in variables]
         accumulators = [self.grad_variable(v) for v in variables]
         # Conditional updates run in the cross-replica context, with replica
@@ -384,10 +582,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 )
         else:
             self.inner_optimizer.apply(grads, variables)
-        for accumulator, grad in zip(accumulators, grads):
-            accumulator.assign_add(tf.convert_to_tensor(grad))
+        if self.communication_period > 1:
+            for accumulator, grad in zip(accumulators, grads):
+                accumulator.assign_add(tf.convert_to_tensor(grad))
         replica_context.merge_call(
-            self._count_step, args=(variables, centers, accumulators)
+            self._count_step, args=(grads, variables, centers, accumulators)
         )
         self._iterations.assign_add(1)
 
@@ -403,26 +602,34 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             lambda: None,
         )
 
-    def _count_step(self, distribution, variables, centers, accumulators):
+    def _count_step(self, distribution, grads, variables, centers, accs):
         self._local_step.assign_add(1)
-
-        def synchronise():
-            self._communication_rounds.assign_add(1)
-            distribution.extended.call_for_each_replica(
-                self._apply_outer, args=(centers, accumulators)
-            )
-            for variable, center in zip(variables, centers):
-                _update(distribution, variable, center)
-
+        if self.communication_period == 1:
+            # The mean gradient of a one-step period is the gradient itself:
+            # the outer optimizer takes it as it is (sparse stays sparse), as
+            # the bare optimizer would.
+            outer_step = self.outer_optimizer.apply, (grads, centers)
+            self._synchronise(distribution, outer_step, variables, centers)
+            return
+        outer_step = self._apply_mean_gradient, (accs, centers)
         tf.cond(
             tf.equal(self._local_step % self.communication_period, 0),
-            synchronise,
+            lambda: self._synchronise(
+                distribution, outer_step, variables, centers
+            ),
             lambda: None,
         )
 
-    def _apply_outer(self, centers, accumulators):
-        # The outer optimizer sums the replicas' accumulators: the one
+    def _synchronise(self, distribution, outer_step, variables, centers):
+        # The outer optimizer sums the replicas' gradients: the one
         # gradient all-reduce of the period.
+        self._communication_rounds.assign_add(1)
+        outer_apply, args = outer_step
+        distribution.extended.call_for_each_replica(outer_apply, args=args)
+        for variable, center in zip(variables, centers):
+            _update(distribution, variable, center)
+
+    def _apply_mean_gradient(self, accumulators, centers):
         period = self.communication_period
         normalized = [a.value / tf.cast(period, a.dtype) for a in accumulators]
         self.outer_optimizer.apply(normalized, centers)
