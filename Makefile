@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: setup demo test format bench bench-agn bench-callbacks bench-multiworker clean
+.PHONY: setup demo test format bench bench-agn bench-callbacks bench-multiworker clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,16 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 
 bench-multiworker: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/multiworker.py
+
+# Keras's own tests, with keras_clones substituted in (tests/conformance).
+CONFORMANCE_STAMP := $(VENV)/.installed-conformance
+
+$(CONFORMANCE_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[test,conformance]"
+	touch $(CONFORMANCE_STAMP)
+
+conformance: $(CONFORMANCE_STAMP)
+	$(BIN)/python tests/conformance/run.py $(CONFORMANCE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build *.egg-info
