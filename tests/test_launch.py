@@ -1,4 +1,5 @@
-"""The local launcher, with tiny worker scripts that import no TensorFlow."""
+"""The local launcher, with tiny worker scripts that import no TensorFlow,
+and the lazy `import keras_clones` it relies on (in subprocesses)."""
 
 import json
 import os
