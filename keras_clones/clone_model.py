@@ -70,8 +70,14 @@ def _merge_outputs(outputs, sizes):
 
 
 def _batch_size(x):
-    first = next(t for t in tf.nest.flatten(x) if t is not None)
-    return tf.shape(first, out_type=tf.int32)[0]
+    inputs = [t for t in tf.nest.flatten(x) if t is not None]
+    if not inputs:
+        # Keras's own message for a required input given as `None`.
+        raise ValueError(
+            "The input 'x' is not optional: CloneModel needs at least one "
+            f"input tensor to split the batch. Received: x={x!r}."
+        )
+    return tf.shape(inputs[0], out_type=tf.int32)[0]
 
 
 def _loss_reduction(loss):
@@ -99,6 +105,32 @@ def _loss_reduction(loss):
             f"'sum'. Received: loss={loss!r}."
         )
     return kinds.pop() if kinds else "share"
+
+
+class _CloneLosses:
+    """Each clone's loss on its slice: `clone_i_loss` in `fit`'s logs.
+
+    Means over the batches since the last reset, weighted by the clone's
+    rows, as Keras's loss tracker. They are not model metrics, so that
+    `evaluate`, `metrics_names` and `model.metrics` are a plain model's.
+    """
+
+    def __init__(self, num_clones):
+        self.trackers = [
+            keras.metrics.Mean(name=f"clone_{i}_loss")
+            for i in range(num_clones if num_clones > 1 else 0)
+        ]
+
+    def update(self, i, loss, rows):
+        if self.trackers:
+            self.trackers[i].update_state(loss, sample_weight=rows)
+
+    def reset(self):
+        for tracker in self.trackers:
+            tracker.reset_state()
+
+    def results(self):
+        return {tracker.name: tracker.result() for tracker in self.trackers}
 
 
 @keras.saving.register_keras_serializable(package="keras_clones")
@@ -186,32 +218,26 @@ class CloneModel(keras.Model):
         return super().__new__(cls)
 
     def __init__(self, *args, deployment=None, **kwargs):
-        if isinstance(self, FunctionalCloneModel):
-            # What `keras.Model.__init__` does for a functional model, less
-            # its rebasing of `CloneModel` onto `Functional`, which would
-            # break every later subclassed CloneModel.
+        if functional_init_arguments(args, kwargs):
+            # What `keras.Model.__init__` does for a functional model, but
+            # with `FunctionalCloneModel` (not `Functional`) injected into
+            # the bases of a subclass: `CloneModel` itself never changes.
+            _inject_functional_clone_model(type(self))
             TensorFlowTrainer.__init__(self)
             Functional.__init__(self, *args, **kwargs)
         else:
             keras.Model.__init__(self, *args, **kwargs)
-        if deployment is None:
-            deployment = DeploymentConfig()
-        elif isinstance(deployment, dict):
-            deployment = DeploymentConfig.from_config(deployment)
-        elif not isinstance(deployment, DeploymentConfig):
-            raise TypeError(
-                "`deployment` must be a `keras_clones.DeploymentConfig`. "
-                f"Received: {deployment!r} of type {type(deployment).__name__}."
-            )
-        self._deployment = deployment
-        strategy = self.distribute_strategy
-        # Before the clones' loss trackers create variables that the workers
-        # initialise together.
-        distribute.check_same_on_every_worker(
-            strategy, "the deployment", deployment.get_config()
+        # Outside the model's metrics: `evaluate` and `metrics_names` are a
+        # plain model's; `fit` adds these to its logs.
+        self._clone_losses = None
+        self._fit_logs = False
+        self.deployment = (
+            DeploymentConfig() if deployment is None else (deployment)
         )
-        replicas = strategy.num_replicas_in_sync
-        if replicas > 1 and not distribute.one_replica_per_worker(strategy):
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        if replicas > 1 and not distribute.one_replica_per_worker(
+            self.distribute_strategy
+        ):
             raise ValueError(
                 "CloneModel splits each batch across its own clone devices "
                 "and cannot be created under a tf.distribute strategy with "
@@ -221,16 +247,41 @@ class CloneModel(keras.Model):
                 "machines, use `tf.distribute.MultiWorkerMirroredStrategy` "
                 "with one device (the default CPU) per worker."
             )
-        num_clones = deployment.num_clones
-        self._clone_loss_trackers = [
-            keras.metrics.Mean(name=f"clone_{i}_loss")
-            for i in range(num_clones if num_clones > 1 else 0)
-        ]
 
     @property
     def deployment(self):
-        """The `DeploymentConfig` this model's clones follow."""
+        """The `DeploymentConfig` this model's clones follow.
+
+        It can be replaced, e.g. after loading a model on a machine with
+        other devices: `model.deployment = DeploymentConfig(devices=[...])`.
+        The next `fit`, `evaluate` or `predict` traces its step again.
+        """
         return self._deployment
+
+    @deployment.setter
+    def deployment(self, deployment):
+        if isinstance(deployment, dict):
+            deployment = DeploymentConfig.from_config(deployment)
+        elif not isinstance(deployment, DeploymentConfig):
+            raise TypeError(
+                "`deployment` must be a `keras_clones.DeploymentConfig`. "
+                f"Received: {deployment!r} of type {type(deployment).__name__}."
+            )
+        strategy = self.distribute_strategy
+        # Before the clones' loss trackers create variables that the workers
+        # initialise together.
+        distribute.check_same_on_every_worker(
+            strategy, "the deployment", deployment.get_config()
+        )
+        self._deployment = deployment
+        with strategy.scope():
+            self._clone_losses = _CloneLosses(deployment.num_clones)
+        self.train_function = None
+        self.test_function = None
+        self.predict_function = None
+        self._replicas = None
+        if self.compiled and self.jit_compile:
+            self.jit_compile = True  # Warns and turns off for >1 clones.
 
     @property
     def jit_compile(self):
@@ -320,13 +371,24 @@ class CloneModel(keras.Model):
                 "machines, use multi-worker training on tf.distribute "
                 "(`tf.distribute.MultiWorkerMirroredStrategy`)."
             )
-        self._deployment.check_devices()
+        try:
+            self._deployment.check_devices()
+        except ValueError as e:
+            raise ValueError(
+                f"{e} To run this model here (e.g. after `load_model` on "
+                "another machine), give it a deployment for this machine's "
+                "devices: `model.deployment = keras_clones.DeploymentConfig("
+                "devices=[...])`."
+            ) from None
 
-    def _call_clone(self, x, training):
-        if self._call_has_training_arg:
-            y_pred = self(x, training=training)
-        else:
-            y_pred = self(x)
+    def _call_clone(self, i, x, training):
+        with warnings.catch_warnings():
+            if i > 0:  # They would repeat clone 0's.
+                warnings.simplefilter("ignore")
+            if self._call_has_training_arg:
+                y_pred = self(x, training=training)
+            else:
+                y_pred = self(x)
         for output in tf.nest.flatten(y_pred):
             if getattr(output, "_keras_mask", None) is not None:
                 raise ValueError(
@@ -356,10 +418,7 @@ class CloneModel(keras.Model):
         return (loss - extra) * clone.present + extra * clone.share
 
     def _track_clone_loss(self, i, loss, clone):
-        if self._clone_loss_trackers:
-            self._clone_loss_trackers[i].update_state(
-                self._unscaled(loss), sample_weight=clone.size
-            )
+        self._clone_losses.update(i, self._unscaled(loss), clone.size)
 
     def _unscaled(self, loss):
         # Keras divides losses by the number of replicas, whose gradients
@@ -367,10 +426,18 @@ class CloneModel(keras.Model):
         return loss * self.distribute_strategy.num_replicas_in_sync
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        replicas = self.distribute_strategy.num_replicas_in_sync
-        if replicas == 1 or iterator is None:
+        _loss_reduction(self.loss)  # Refuses what cannot split, first.
+        strategy = self.distribute_strategy
+        if distribute.across_workers(strategy) and iterator is not None:
+            return distribute.build_from_local_batch(self, iterator)
+        if self.built:
             return super()._maybe_symbolic_build(iterator, data_batch)
-        distribute.build_from_local_batch(self, iterator)
+        # Without a strategy Keras builds a model when its step is first
+        # traced, but `train_step` reads the trainable variables before the
+        # clones' forward passes: build it (and the optimizer) first, as
+        # Keras does under a strategy.
+        with strategy.scope():
+            self._symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def _state_variables(self):
         """Float state that `call()` assigns (e.g. moving statistics)."""
@@ -411,8 +478,8 @@ class CloneModel(keras.Model):
                     # Reads clone i's copies, where the tape sees them.
                     copies = None if replicas is None else replicas.scope(i)
                     with copies or contextlib.nullcontext():
-                        y_pred = self._call_clone(x_i, training=True)
-                        loss = self.compute_loss(
+                        y_pred = self._call_clone(i, x_i, training=True)
+                        loss = self._compute_loss(
                             x=x_i,
                             y=y_i,
                             y_pred=y_pred,
@@ -496,9 +563,7 @@ class CloneModel(keras.Model):
         logs = dict(
             self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         )
-        rounds = _communication_rounds(self.optimizer)
-        if rounds is not None:
-            logs["communication_rounds"] = rounds
+        logs.update(self._fit_only_logs())
         return logs
 
     def test_step(self, data):
@@ -509,8 +574,8 @@ class CloneModel(keras.Model):
             x_i, y_i, sw_i = clone.data
             device_scope, name_scope = self._clone_scopes(i)
             with device_scope, name_scope:
-                y_pred = self._call_clone(x_i, training=False)
-                loss = self.compute_loss(
+                y_pred = self._call_clone(i, x_i, training=False)
+                loss = self._compute_loss(
                     x=x_i,
                     y=y_i,
                     y_pred=y_pred,
@@ -537,20 +602,79 @@ class CloneModel(keras.Model):
         for i, clone in enumerate(clones):
             device_scope, name_scope = self._clone_scopes(i)
             with device_scope, name_scope:
-                y_preds.append(self._call_clone(clone.data[0], training=False))
+                y_preds.append(
+                    self._call_clone(i, clone.data[0], training=False)
+                )
         with tf.device(self._deployment.inputs_device()):
             return _merge_outputs(y_preds, [c.size for c in clones])
 
+    def _fit_only_logs(self):
+        """What `fit` logs beyond the metrics: `clone_i_loss` (and an
+        `AGNOptimizer`'s `communication_rounds`)."""
+        logs = self._clone_losses.results()
+        rounds = _communication_rounds(self.optimizer)
+        if rounds is not None:
+            logs["communication_rounds"] = rounds
+        return logs
+
+    @contextlib.contextmanager
+    def _logging_for_fit(self, on):
+        previous, self._fit_logs = self._fit_logs, on
+        try:
+            yield
+        finally:
+            self._fit_logs = previous
+
+    def get_metrics_result(self):
+        # While `fit` trains, its epoch logs are these results (Keras falls
+        # back to the last batch's logs when their keys differ).
+        results = super().get_metrics_result()
+        if self._fit_logs:
+            results.update(self._fit_only_logs())
+        return results
+
+    def reset_metrics(self):
+        super().reset_metrics()
+        self._clone_losses.reset()
+
     def fit(self, *args, **kwargs):
-        return distribute.run_as_worker(self, super().fit, args, kwargs)
+        with self._logging_for_fit(True):
+            return distribute.run_as_worker(self, super().fit, args, kwargs)
 
     def evaluate(self, *args, **kwargs):
-        return distribute.run_as_worker(self, super().evaluate, args, kwargs)
+        # `fit` validates with its own `CallbackList`; its logs get
+        # `val_clone_i_loss` too. Otherwise the result is a plain model's.
+        validation = isinstance(
+            kwargs.get("callbacks"), keras.callbacks.CallbackList
+        )
+        with self._logging_for_fit(False):
+            logs = distribute.run_as_worker(
+                self, super().evaluate, args, kwargs
+            )
+        if validation and isinstance(logs, dict):
+            for name, value in self._clone_losses.results().items():
+                logs[name] = float(value)
+        return logs
+
+    def train_on_batch(self, *args, return_dict=False, **kwargs):
+        logs = super().train_on_batch(*args, return_dict=True, **kwargs)
+        for name in self._fit_only_logs():
+            logs.pop(name, None)
+        if return_dict:
+            return logs
+        return self._flatten_metrics_in_order(logs)
 
     def predict(self, *args, **kwargs):
         return distribute.run_as_worker(self, super().predict, args, kwargs)
 
     def save(self, filepath, *args, **kwargs):
+        if str(filepath).endswith((".h5", ".hdf5")):
+            raise ValueError(
+                "CloneModel cannot be saved in the legacy HDF5 format, which "
+                "keeps neither its class nor its deployment. Save it in the "
+                "Keras format instead: `model.save('model.keras')`. "
+                f"Received: filepath={filepath!r}."
+            )
         with distribute.write_path(self.distribute_strategy, filepath) as path:
             return super().save(path, *args, **kwargs)
 
@@ -573,6 +697,20 @@ class FunctionalCloneModel(CloneModel, Functional):
     Private Keras classes are used here and only here; tests that build
     functional and subclassed CloneModels in one process guard them.
     """
+
+
+def _inject_functional_clone_model(cls):
+    """Rebases a `CloneModel` subclass built from inputs and outputs onto
+    `FunctionalCloneModel`, as Keras rebases `Model` subclasses onto
+    `Functional`, leaving `CloneModel` itself as it is."""
+    if cls is CloneModel:
+        return FunctionalCloneModel
+    if not issubclass(cls, CloneModel) or issubclass(cls, Functional):
+        return cls
+    cls.__bases__ = tuple(
+        _inject_functional_clone_model(base) for base in cls.__bases__
+    )
+    return cls
 
 
 def _communication_rounds(optimizer):

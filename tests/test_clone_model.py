@@ -178,11 +178,7 @@ def test_multi_input_multi_output_with_sample_weights():
     assert_same_weights(reference, clones)
     ref = reference.evaluate(x, y, verbose=0, return_dict=True)
     got = clones.evaluate(x, y, verbose=0, return_dict=True)
-    assert set(got) == set(ref) | {
-        "clone_0_loss",
-        "clone_1_loss",
-        "clone_2_loss",
-    }
+    assert list(got) == list(ref)  # A plain model's keys, in its order.
     for key in ref:
         np.testing.assert_allclose(got[key], ref[key], atol=1e-5)
 
