@@ -44,12 +44,16 @@ def sequential_without_input():
 
 
 class LazyModel(keras.Model):
-    """Its layers create their weights in `call`, on the first batch."""
+    """Builds its layers on its first call: in `fit`, in the traced step."""
 
     def __init__(self):
         super().__init__()
         self.hidden = keras.layers.Dense(4, activation="tanh")
         self.out = keras.layers.Dense(1)
+
+    def build(self, input_shape):
+        self.hidden.build(input_shape)
+        self.out.build((None, 4))
 
     def call(self, x):
         return self.out(self.hidden(x))
