@@ -272,17 +272,23 @@ def test_loss_scaling_skips_a_step_on_every_worker_alike(tmp_path):
 
 
 def test_workers_that_disagree_fail_with_a_clear_error():
-    # One launch, two disagreements in turn; the workers go on after each.
+    # One launch, three mistakes in turn; the workers go on after each.
     output = run(*LAUNCH, "--grace-period", "60", str(MISMATCH_WORKER))
-    for mode, what in (
-        ("clones", "the deployment"),
-        ("activation", "the model"),
+    for mode, error in (
+        ("clones", "The workers do not agree on the deployment"),
+        ("activation", "The workers do not agree on the model"),
+        ("outside_scope", "This process is task worker:{} of a cluster"),
     ):
         for worker in (0, 1):
-            assert (
-                f"[worker {worker}] {mode}: ValueError: The workers do not "
-                f"agree on {what}" in output
-            ), output[-6000:]
+            line = f"[worker {worker}] {mode}: ValueError: "
+            assert line + error.format(worker) in output, output[-6000:]
+    assert "model was created outside `strategy.scope()`" in output
+    # The differing fields are named, with each worker's value.
+    for worker, devices, activation in ((0, 2, "tanh"), (1, 1, "relu")):
+        assert f"devices (here: {devices} items)" in output, output[-6000:]
+        assert (
+            f'layers[1].config.activation (here: "{activation}")' in output
+        ), output[-6000:]
 
 
 def test_the_private_keras_methods_relied_on_still_exist():

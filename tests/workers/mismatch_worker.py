@@ -1,12 +1,14 @@
-"""A 2-worker run whose workers disagree twice; see
-tests/test_multi_worker.py.
+"""A 2-worker run whose workers disagree twice, then forget the strategy;
+see tests/test_multi_worker.py.
 
 `clones`: worker 1 has one clone instead of two. `activation`: worker 1's
 hidden layer has another activation (the same weight shapes, so nothing
-else would notice). Both workers must fail with keras_clones's error each
+else would notice). `outside_scope`: both create the model outside
+`strategy.scope()`. Both workers must fail with keras_clones's error each
 time; they print it, and go on to the next case.
 """
 
+import contextlib
 import json
 import os
 
@@ -17,7 +19,8 @@ import keras_clones
 
 
 def train(strategy, mode, odd):
-    with strategy.scope():
+    scope = strategy.scope()
+    with contextlib.nullcontext() if mode == "outside_scope" else scope:
         inputs = keras.Input((5,))
         activation = "relu" if odd and mode == "activation" else "tanh"
         hidden = keras.layers.Dense(8, activation=activation)(inputs)
@@ -38,7 +41,7 @@ def main():
 
     odd = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    for mode in ("clones", "activation"):
+    for mode in ("clones", "activation", "outside_scope"):
         try:
             train(strategy, mode, odd)
         except ValueError as e:
