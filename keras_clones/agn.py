@@ -360,7 +360,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         # The outer optimizer applies it after every update, as Keras's
         # optimizers apply a variable's constraint.
         center.constraint = variable.constraint
-        # Otherwise the first step copies it (see `_start_from_model`).
+        # Else the first step copies it, as always (`_start_from_model`).
         if _has_value(variable):
             center.assign(variable)
         return center
@@ -423,9 +423,10 @@ class AGNOptimizer(keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        """The whole state: this optimizer's own variables (iterations,
-        local step, communication rounds, then a global center and a
-        gradient accumulator per model variable, in the model's order),
+        """The whole state, in a fixed order: this optimizer's own variables
+        (iterations and learning rate, unused, as any Keras optimizer's;
+        local step; communication rounds; a global center and a gradient
+        accumulator per model variable, in the order of the variables),
         then the inner optimizer's, then the outer optimizer's."""
         return (
             self._variables
@@ -437,8 +438,10 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         """Sets the whole state, in the order of `variables`."""
         if not self.built:
             raise ValueError(
-                "`set_weights()` needs a built AGNOptimizer: call "
-                "`optimizer.build(model.trainable_variables)` first."
+                "You are calling `set_weights()` on an optimizer that has not "
+                f"yet been built: AGNOptimizer {self.name!r}. Please call "
+                "`optimizer.build(trainable_variables)` to create the "
+                "optimizer weights before calling `set_weights()`."
             )
         variables = self.variables
         if len(weights) != len(variables):

@@ -359,6 +359,19 @@ def test_copied_state_continues_as_the_original(how):
     )
 
 
+def test_set_weights_before_build_raises_as_bare_optimizer():
+    for optimizer in (
+        keras.optimizers.Adam(0.01),
+        AGNOptimizer(keras.optimizers.Adam(0.01), 4),
+    ):
+        with pytest.raises(
+            ValueError,
+            match="You are calling `set_weights\\(\\)` on an optimizer that "
+            "has not yet been built",
+        ):
+            optimizer.set_weights([])
+
+
 def test_set_weights_of_another_length_is_refused():
     a = AGNOptimizer(keras.optimizers.Adam(0.01), 4)
     a.build(functional_model().trainable_variables)
