@@ -149,9 +149,8 @@ def _fresh_copy(optimizer, name):
                 f"`optimizer.get_config()`, which failed for {optimizer!r}: "
                 f"{e} Pass `outer_optimizer` explicitly."
             ) from None
-    learning_rate = optimizer._learning_rate
-    if not isinstance(learning_rate, keras.Variable):
-        config["learning_rate"] = learning_rate
+    if callable(optimizer._learning_rate):  # A schedule or a function.
+        config["learning_rate"] = optimizer._learning_rate
     config["name"] = name
     return optimizer.__class__.from_config(config)
 

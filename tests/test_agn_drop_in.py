@@ -237,14 +237,25 @@ def test_overwrite_with_gradient_variable_takes_its_gradient_as_bare(period):
 # 5. Callable learning rates.
 
 
+LEARNING_RATES = {
+    "lambda": lambda: lambda: 0.02,
+    "schedule": lambda: keras.optimizers.schedules.ExponentialDecay(
+        0.05, decay_steps=3, decay_rate=0.5
+    ),
+}
+
+
+@pytest.mark.parametrize("rate", sorted(LEARNING_RATES))
 @pytest.mark.parametrize("name", ["sgd", "adam"])
-def test_callable_learning_rate_at_period_one_equals_bare_optimizer(name):
-    # Bit-identical; wrapping neither warns nor deserializes the lambda.
+def test_callable_learning_rate_at_period_one_equals_bare_optimizer(name, rate):
+    # Bit-identical; wrapping neither warns nor deserializes the learning
+    # rate: the default outer optimizer shares it.
     optimizer_class = type(OPTIMIZERS[name]())
     bare = fitted(
-        functional_model(), optimizer_class(learning_rate=lambda: 0.02)
+        functional_model(),
+        optimizer_class(learning_rate=LEARNING_RATES[rate]()),
     )
-    inner = optimizer_class(learning_rate=lambda: 0.02)
+    inner = optimizer_class(learning_rate=LEARNING_RATES[rate]())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         agn = AGNOptimizer(inner, 1)
