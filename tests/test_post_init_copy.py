@@ -145,3 +145,16 @@ def test_backup_and_restore_resumes_exactly_in_either_order(
 def test_invalid_verbose():
     with pytest.raises(ValueError, match="verbose"):
         PostInitCopy(verbose=2)
+
+
+def test_variables_overwritten_by_their_gradient_have_no_center_to_copy():
+    # As Keras's float8 layers: such a variable takes its gradient.
+    m = model()
+    bias = m.layers[-1].bias
+    bias.overwrite_with_gradient = True
+    m.optimizer.build(m.trainable_variables)
+    m.set_weights(other_weights(m))
+    copy = PostInitCopy()
+    fit(m, [copy])
+    assert len(copy.copied) == len(m.trainable_variables) - 1
+    assert not any(c.startswith(f"{bias.path} ->") for c in copy.copied)

@@ -40,7 +40,9 @@ class _NonFiniteGuard:
             values.append(loss)
         for grad, variable in zip(grads, variables):
             if grad is not None:
-                names.append(f"the gradient of {variable.path}")
+                # A plain `tf.Variable` has a name, no path.
+                path = getattr(variable, "path", variable.name)
+                names.append(f"the gradient of {path}")
                 values.append(
                     grad.values if isinstance(grad, tf.IndexedSlices) else grad
                 )

@@ -80,6 +80,8 @@ class PostInitCopy(keras.callbacks.Callback):
         if step % agn.communication_period != 0:
             return  # Mid-period: local weights and centers differ by design.
         for variable in variables:
+            if getattr(variable, "overwrite_with_gradient", False):
+                continue  # It takes its gradient; AGN keeps no center.
             center = agn.global_center_variable(variable)
             if np.array_equal(center.numpy(), variable.numpy()):
                 continue
