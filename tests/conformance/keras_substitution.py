@@ -8,13 +8,14 @@ Loaded by `run.py` as `pytest -p keras_substitution --substitute=MODE`:
   CloneModel, `Model()` a CloneModel, a `class M(Model)` defined in a test
   module is rebased onto `CloneModel`, and `Sequential` itself is rebased
   onto `CloneModel`. A CloneModel created without `deployment=` gets the two
-  clones. `Functional(...)` called directly (Keras internals, a few tests)
-  stays plain.
+  clones (`--clones=1`: one). `Functional(...)` called directly (Keras
+  internals, a few tests) stays plain.
 - `optimizers`: every Keras optimizer the tests construct (`Adam(...)`,
   `optimizers.get("adam")`, a deserialized config, a test's own subclass) is
   returned wrapped as `AGNOptimizer(opt, communication_period=1)`; the base
   class `Optimizer(...)` itself is not. The private attributes of an
-  AGNOptimizer that a test's own code reads are recorded with its result.
+  AGNOptimizer that a test's own code reads, and those that `unittest.mock`
+  patches, are recorded with its result.
   `LossScaleOptimizer` and `MultiOptimizer` are left as they are (the
   optimizers they wrap are wrapped), as is what `AGNOptimizer` builds or
   deserializes itself.
@@ -83,13 +84,14 @@ def _in_test_module(cls):
     return cls.__module__.rsplit(".", 1)[-1].endswith("_test")
 
 
-def substitute_models():
+def substitute_models(clones=len(DEVICES)):
     original_init = CloneModel.__init__
+    devices = DEVICES[:clones]
 
     @functools.wraps(original_init)
     def clone_model_init(self, *args, deployment=None, **kwargs):
         if deployment is None:
-            deployment = keras_clones.DeploymentConfig(devices=DEVICES)
+            deployment = keras_clones.DeploymentConfig(devices=devices)
         original_init(self, *args, deployment=deployment, **kwargs)
 
     CloneModel.__init__ = clone_model_init
@@ -121,8 +123,10 @@ def substitute_models():
 
 
 _wrapping = 0  # > 0 while the optimizers constructed stay unwrapped.
-# Private attributes of an AGNOptimizer read by the current test's own code.
+# Private attributes of an AGNOptimizer that the current test's own code
+# read, and attributes that `unittest.mock` read (to patch them).
 _private_reads = set()
+_mocked = set()
 
 
 def _unwrapped(function):
@@ -160,9 +164,11 @@ def substitute_optimizers():
     getattribute = AGNOptimizer.__getattribute__
 
     def agn_getattribute(self, name):
-        if name[:1] == "_" and name[:2] != "__":
+        if name[:2] != "__":
             caller = sys._getframe(1).f_globals.get("__name__", "")
-            if caller.endswith("_test"):
+            if caller == "unittest.mock":
+                _mocked.add(name)
+            elif name[:1] == "_" and caller.endswith("_test"):
                 _private_reads.add(name)
         return getattribute(self, name)
 
@@ -177,6 +183,12 @@ def pytest_addoption(parser):
         "--substitute",
         default="none",
         help="none, or a comma-separated subset of: " + ", ".join(MODES),
+    )
+    group.addoption(
+        "--clones",
+        type=int,
+        default=len(DEVICES),
+        help="clones of a substituted model (default: %(default)s)",
     )
     group.addoption(
         "--conformance-json",
@@ -196,18 +208,27 @@ def pytest_configure(config):
     unknown = set(modes) - set(MODES)
     if unknown:
         raise pytest.UsageError(f"--substitute: unknown {sorted(unknown)}")
+    clones = config.getoption("--clones")
+    if not 1 <= clones <= len(DEVICES):
+        raise pytest.UsageError(f"--clones: 1 to {len(DEVICES)}")
     if "models" in modes:
-        substitute_models()
+        substitute_models(clones)
     if "optimizers" in modes:
         substitute_optimizers()
-    config._conformance_check = check_substitution(modes)
-    for cls in (CloneModel, Sequential, Functional, Model):
+    config._conformance_check = check_substitution(modes, clones)
+    for cls in (
+        CloneModel,
+        FunctionalCloneModel,
+        Sequential,
+        Functional,
+        Model,
+    ):
         _GUARDED_BASES[cls] = cls.__bases__
     config._conformance = _Recorder(config.getoption("--conformance-json"))
     config.pluginmanager.register(config._conformance, "conformance_recorder")
 
 
-def check_substitution(modes):
+def check_substitution(modes, clones):
     """What the tests will get, checked once: a line for the header."""
     inputs = keras.Input((2,))
     outputs = keras.layers.Dense(1)(inputs)
@@ -218,14 +239,14 @@ def check_substitution(modes):
     }
     found = []
     for what, obj in built.items():
-        clones = getattr(getattr(obj, "deployment", None), "num_clones", 1)
-        found.append(f"{what} -> {type(obj).__name__} ({clones} clones)")
+        got = getattr(getattr(obj, "deployment", None), "num_clones", 0)
+        found.append(f"{what} -> {type(obj).__name__} ({got} clones)")
         if isinstance(obj, keras.optimizers.Optimizer):
             found[-1] = f"{what} -> {type(obj).__name__}"
             wrapped = isinstance(obj, keras_clones.AGNOptimizer)
             if wrapped != ("optimizers" in modes):
                 raise pytest.UsageError(f"substitution failed: {found[-1]}")
-        elif (clones == len(DEVICES)) != ("models" in modes):
+        elif got != (clones if "models" in modes else 0):
             raise pytest.UsageError(f"substitution failed: {found[-1]}")
     keras.utils.clear_session()
     return "; ".join(found)
@@ -299,6 +320,7 @@ class _Recorder:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item):
         _private_reads.clear()
+        _mocked.clear()
 
     def pytest_runtest_logreport(self, report):
         record = self.current.setdefault(
@@ -319,4 +341,6 @@ class _Recorder:
             record = self.current.pop(report.nodeid)
             if _private_reads:
                 record["private_reads"] = sorted(_private_reads)
+            if _mocked:
+                record["mocked"] = sorted(_mocked)
             self._write(record)
