@@ -136,7 +136,7 @@ CAUSES = [
         modes=("models",),
     ),
     Cause(
-        "clone_i_loss entries in logs, metrics_names or model.metrics",
+        "clone_i_loss entries (fit's logs: History, TensorBoard, ...)",
         error=r"clone_\d_loss",
         modes=("models",),
     ),
@@ -305,8 +305,15 @@ def load_records(path):
     return records
 
 
+class Expected(typing.NamedTuple):
+    mode: str
+    pattern: str  # fnmatch pattern on the test id.
+    error: str  # Regex the first error line must match, or None.
+    reason: str
+
+
 def load_expected():
-    """(mode, id pattern, reason) from expected_differences.txt."""
+    """The entries of expected_differences.txt."""
     entries = []
     if not EXPECTED.exists():
         return entries
@@ -315,19 +322,28 @@ def load_expected():
         if not line or line.startswith("#"):
             continue
         parts = line.split(None, 2)
-        if len(parts) < 3 or parts[0] not in (*MODES, "*"):
+        error = None
+        if len(parts) == 3 and parts[2].startswith("error~"):
+            error, _, reason = parts[2].partition(" ")
+            parts[2:] = [reason.strip()]
+            error = error[len("error~") :]
+        if len(parts) < 3 or not parts[2] or parts[0] not in (*MODES, "*"):
             raise SystemExit(
-                f"{EXPECTED.name}:{number}: want `MODE ID REASON` "
-                f"(MODE one of {', '.join(MODES)} or *): {line!r}"
+                f"{EXPECTED.name}:{number}: want `MODE ID [error~REGEX] "
+                f"REASON` (MODE one of {', '.join(MODES)} or *): {line!r}"
             )
-        entries.append(tuple(parts))
+        entries.append(Expected(parts[0], parts[1], error, parts[2]))
     return entries
 
 
-def expected_reason(expected, mode, test_id):
-    for entry_mode, pattern, reason in expected:
-        if entry_mode in ("*", mode) and fnmatch.fnmatchcase(test_id, pattern):
-            return reason
+def expected_reason(expected, mode, result):
+    for entry in expected:
+        if (
+            entry.mode in ("*", mode)
+            and fnmatch.fnmatchcase(result["id"], entry.pattern)
+            and (entry.error is None or re.search(entry.error, result["error"]))
+        ):
+            return entry.reason
     return None
 
 
@@ -528,7 +544,7 @@ def report(meta):
         items = []
         for test_id, result in pass_to_fail(meta, mode).items():
             item = dict(result)
-            item["expected"] = expected_reason(expected, mode, test_id)
+            item["expected"] = expected_reason(expected, mode, result)
             item["cause"] = cause_of(mode, result)
             item["note"] = ""
             if second is not None and test_id in second:
@@ -620,9 +636,12 @@ def report(meta):
         by_cause = collections.defaultdict(list)
         for d in differences[mode]:
             by_cause[d["cause"]].append(d)
-        lines += ["| likely cause | tests |", "|---|---:|"]
+        lines += ["| likely cause | tests | expected |", "|---|---:|---:|"]
         order = sorted(by_cause, key=lambda c: (-len(by_cause[c]), c))
-        lines += [f"| {c} | {len(by_cause[c])} |" for c in order] + [""]
+        for cause in order:
+            exp = sum(d["expected"] is not None for d in by_cause[cause])
+            lines.append(f"| {cause} | {len(by_cause[cause])} | {exp} |")
+        lines.append("")
         for cause in order:
             items = sorted(by_cause[cause], key=lambda d: d["id"])
             lines += [f"### {cause} ({len(items)})", ""]
@@ -651,12 +670,13 @@ def report(meta):
             lines += [f"- `{i}`" for i in sorted(improved)] + [""]
 
     stale = sorted(
-        f"{mode} {pattern}"
-        for mode, pattern, _ in expected
+        f"{entry.mode} {entry.pattern}"
+        for entry in expected
         if not any(
-            fnmatch.fnmatchcase(d["id"], pattern)
+            d["expected"] == entry.reason
+            and fnmatch.fnmatchcase(d["id"], entry.pattern)
             for m in modes
-            if mode in ("*", m)
+            if entry.mode in ("*", m)
             for d in differences[m]
         )
     )
