@@ -240,7 +240,8 @@ def check_substitution(modes, clones):
     found = []
     for what, obj in built.items():
         got = getattr(getattr(obj, "deployment", None), "num_clones", 0)
-        found.append(f"{what} -> {type(obj).__name__} ({got} clones)")
+        kind = f"{got} clones" if got else "not a CloneModel"
+        found.append(f"{what} -> {type(obj).__name__} ({kind})")
         if isinstance(obj, keras.optimizers.Optimizer):
             found[-1] = f"{what} -> {type(obj).__name__}"
             wrapped = isinstance(obj, keras_clones.AGNOptimizer)
@@ -252,8 +253,12 @@ def check_substitution(modes, clones):
     return "; ".join(found)
 
 
-def pytest_report_header(config):
-    return f"keras_substitution: {config._conformance_check}"
+def pytest_sessionstart(session):
+    # Written even with -q, for run.py to read from the log.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        check = session.config._conformance_check
+        reporter.write_line(f"keras_substitution: {check}")
 
 
 @pytest.fixture(autouse=True)

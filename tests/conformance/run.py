@@ -292,7 +292,12 @@ def run_group(src, name, run, options, args, pythonpath, ids=None):
         f" {seconds:>6.0f} s  {status}",
         flush=True,
     )
-    return {"seconds": round(seconds, 1), "status": status}
+    check = re.search(r"^keras_substitution: (.*)$", log.read_text(), re.M)
+    return {
+        "seconds": round(seconds, 1),
+        "status": status,
+        "check": check.group(1) if check else None,
+    }
 
 
 def load_records(path):
@@ -593,6 +598,14 @@ def report(meta):
     ]
     if excluded:
         lines.append(f"- Not run: {'; '.join(excluded)}.")
+    checks = collections.defaultdict(set)
+    for key, run in meta["runs"].items():
+        checks[key.split(" ", 1)[0]].add(run.get("check") or "not seen")
+    for run, seen in checks.items():
+        lines.append(
+            f"- What `{run}` built, checked in each of its processes: "
+            f"{' / '.join(sorted(seen))}."
+        )
     lines.append("")
     if broken:
         lines += ["**The baseline did not run cleanly:**", ""]
