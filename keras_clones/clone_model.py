@@ -227,13 +227,10 @@ class CloneModel(keras.Model):
             Functional.__init__(self, *args, **kwargs)
         else:
             keras.Model.__init__(self, *args, **kwargs)
-        # Outside the model's metrics: `evaluate` and `metrics_names` are a
-        # plain model's; `fit` adds these to its logs.
-        self._clone_losses = None
+        # Whether `get_metrics_result` reports `fit`'s own logs too.
         self._fit_logs = False
-        self.deployment = (
-            DeploymentConfig() if deployment is None else (deployment)
-        )
+        # Also makes the clones' loss trackers (`_CloneLosses`).
+        self.deployment = deployment or DeploymentConfig()
         replicas = self.distribute_strategy.num_replicas_in_sync
         if replicas > 1 and not distribute.one_replica_per_worker(
             self.distribute_strategy
