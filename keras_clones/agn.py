@@ -138,21 +138,22 @@ def _overwrite_with_gradients(grads, variables):
 def _fresh_copy(optimizer, name):
     """A new, unbuilt optimizer with `optimizer`'s config and its learning
     rate object itself (float, schedule or callable), never deserialized."""
-    with warnings.catch_warnings():
-        # The learning rate is not serialized, so a lambda is no risk.
-        warnings.filterwarnings("ignore", "The object being serialized")
-        try:
+    try:
+        with warnings.catch_warnings():
+            # The learning rate is not serialized, so a lambda is no risk.
+            warnings.filterwarnings("ignore", "The object being serialized")
             config = optimizer.get_config()
-        except TypeError as e:
-            raise ValueError(
-                "AGNOptimizer makes its default outer optimizer from "
-                f"`optimizer.get_config()`, which failed for {optimizer!r}: "
-                f"{e} Pass `outer_optimizer` explicitly."
-            ) from None
-    if callable(optimizer._learning_rate):  # A schedule or a function.
-        config["learning_rate"] = optimizer._learning_rate
-    config["name"] = name
-    return optimizer.__class__.from_config(config)
+        if callable(optimizer._learning_rate):  # A schedule or a function.
+            config["learning_rate"] = optimizer._learning_rate
+        config["name"] = name
+        return optimizer.__class__.from_config(config)
+    except TypeError as e:
+        raise ValueError(
+            "AGNOptimizer makes its default outer optimizer with "
+            "`optimizer.__class__.from_config(optimizer.get_config())`, "
+            f"which failed for {optimizer!r}: {e} Pass `outer_optimizer` "
+            "explicitly, e.g. another instance of the same optimizer."
+        ) from None
 
 
 def _device_list(global_device):
@@ -245,7 +246,9 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             training.
         global_device: Optional device (or list of devices, used
             round-robin) for the global centers.
-        name: The name of the optimizer.
+        name: The name of the optimizer; by default a unique one made from
+            the class name, as for any Keras optimizer (`"agn_optimizer"`,
+            then `"agn_optimizer_1"`, ...).
 
     Example:
 
@@ -268,7 +271,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         communication_period=10,
         outer_optimizer=None,
         global_device=None,
-        name="agn_optimizer",
+        name=None,
         **kwargs,
     ):
         for option, default in _BASE_OPTIMIZER_DEFAULTS.items():
@@ -320,6 +323,10 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         # `LossScaleOptimizer`'s step may call it: state is created once.
         with tf.init_scope():
             self._build(var_list)
+        # Where Keras builds a bare optimizer (in the first step's trace, for
+        # a model built by that step): their `build` may read the variables.
+        self.inner_optimizer.build(var_list)
+        self.outer_optimizer.build([c for c in self._centers if c is not None])
         super().build(var_list)
         if self._outer_follows_inner or self._exclusions_forwarded:
             self._exclude_centers_from_weight_decay()
@@ -344,8 +351,6 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 continue
             self._centers.append(self._add_center(variable, i))
             self._accumulators.append(self._add_accumulator(variable))
-        self.inner_optimizer.build(var_list)
-        self.outer_optimizer.build([c for c in self._centers if c is not None])
 
     def _add_center(self, variable, index):
         device = self._global_devices[index % len(self._global_devices)]

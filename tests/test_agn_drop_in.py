@@ -8,6 +8,7 @@ where the same ops run on the same values; else within 1e-6 absolute
 """
 
 import warnings
+from unittest import mock
 
 import keras
 import numpy as np
@@ -20,6 +21,8 @@ OPTIMIZERS = {
     "sgd": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
     "adam": lambda: keras.optimizers.Adam(0.01),
     "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+    # Its `build` reads the variables it is built on.
+    "schedule_free": lambda: keras.optimizers.ScheduleFreeAdamW(0.01),
 }
 
 
@@ -92,7 +95,7 @@ def values(variables):
 @pytest.mark.parametrize(
     "make_model", [sequential_without_input, lazy_subclassed_model]
 )
-@pytest.mark.parametrize("name", ["sgd", "adam"])
+@pytest.mark.parametrize("name", ["sgd", "adam", "schedule_free"])
 def test_model_built_by_first_step_at_period_one_equals_bare_optimizer(
     make_model, name
 ):
@@ -271,7 +274,8 @@ def test_unserializable_callable_learning_rate_asks_for_an_outer_optimizer():
 
     with pytest.raises(
         ValueError,
-        match=r"`optimizer.get_config\(\)`, which failed .*Cannot serialize.*"
+        match=r"`optimizer.__class__.from_config\(optimizer.get_config\(\)\)`"
+        r", which failed .*Cannot serialize.*"
         r"Pass `outer_optimizer` explicitly",
     ):
         AGNOptimizer(keras.optimizers.SGD(learning_rate=LearningRate()))
@@ -280,6 +284,34 @@ def test_unserializable_callable_learning_rate_asks_for_an_outer_optimizer():
         keras.optimizers.SGD(learning_rate=rate),
         outer_optimizer=keras.optimizers.SGD(learning_rate=rate),
     )
+
+
+def test_optimizer_that_cannot_be_rebuilt_from_its_config_asks_for_outer():
+    # After Keras's `ScatterUpdateOptimizer` (optimizer_sparse_test.py): its
+    # `from_config(get_config())` fails, so AGN cannot make the default
+    # outer optimizer; given one, it trains.
+    class NoNameOptimizer(keras.optimizers.SGD):
+        def __init__(self):
+            super().__init__(learning_rate=0.1)
+
+    with pytest.raises(
+        ValueError,
+        match=r"which failed for .*unexpected keyword argument 'name'.* Pass "
+        "`outer_optimizer` explicitly",
+    ):
+        AGNOptimizer(NoNameOptimizer())
+    agn = AGNOptimizer(NoNameOptimizer(), 1, outer_optimizer=NoNameOptimizer())
+    bare = fitted(functional_model(), NoNameOptimizer())
+    model = fitted(functional_model(), agn)
+    assert_bit_identical(values(bare.weights), values(model.weights))
+
+
+def test_default_names_are_unique_as_keras_optimizers_names():
+    # As Keras's `test_optimizer_auto_naming`: a class-based name, suffixed.
+    first, second = (AGNOptimizer(keras.optimizers.SGD()) for _ in range(2))
+    assert second.name == first.name + "_1"
+    assert first.name.startswith("agn_optimizer")
+    assert AGNOptimizer(keras.optimizers.SGD(), name="mine").name == "mine"
 
 
 # 6. Plain tf.Variables.
@@ -420,6 +452,20 @@ def test_sparse_gradients_at_period_one_equal_bare_optimizer(name):
         embedding_model(), AGNOptimizer(OPTIMIZERS[name](), 1), data, epochs=1
     )
     assert_bit_identical(values(bare.weights), values(agn.weights))
+
+
+@pytest.mark.parametrize("period", [1, 3])
+def test_sparse_gradients_reach_the_inner_optimizer_undensified(period):
+    # As Keras's `test_fit_sparse`, which patches the optimizer under test:
+    # here the inner optimizer, which updates the model's variables.
+    inner = keras.optimizers.Adagrad()
+    agn = AGNOptimizer(inner, period)
+    with mock.patch.object(
+        inner, "assign_sub", wraps=inner.assign_sub
+    ) as assign_sub:
+        fitted(embedding_model(), agn, embedding_data(), epochs=1)
+    values_given = [call.args[1] for call in assign_sub.call_args_list]
+    assert any(isinstance(v, tf.IndexedSlices) for v in values_given)
 
 
 def hand_adam(lr, b1=0.9, b2=0.999, eps=1e-7):

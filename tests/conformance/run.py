@@ -180,7 +180,7 @@ CAUSES = [
     Cause(
         "AGN's default outer optimizer re-creates the inner one from its "
         "config",
-        error=r"unexpected keyword argument 'name'",
+        error=r"unexpected keyword argument 'name'|Pass `outer_optimizer`",
         modes=("optimizers",),
     ),
     Cause(
