@@ -5,8 +5,8 @@ import warnings
 
 import keras
 import tensorflow as tf
-from keras.src.utils import tracking
 
+from keras_clones import _keras_internals as internals
 from keras_clones import distribute
 
 # Options of the base optimizer that a wrapper does not take itself: they
@@ -143,8 +143,9 @@ def _fresh_copy(optimizer, name):
             # The learning rate is not serialized, so a lambda is no risk.
             warnings.filterwarnings("ignore", "The object being serialized")
             config = optimizer.get_config()
-        if callable(optimizer._learning_rate):  # A schedule or a function.
-            config["learning_rate"] = optimizer._learning_rate
+        learning_rate = internals.learning_rate_object(optimizer)
+        if callable(learning_rate):  # A schedule or a function.
+            config["learning_rate"] = learning_rate
         config["name"] = name
         return optimizer.__class__.from_config(config)
     except TypeError as e:
@@ -315,7 +316,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self.communication_period = communication_period
         self.global_device = global_device
 
-    @tracking.no_automatic_dependency_tracking
+    @internals.no_automatic_dependency_tracking
     def build(self, var_list):
         if self.built:
             return
@@ -374,7 +375,8 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         # outside a replica (saving, `grad_variable(v).numpy()`) the
         # variable is the sum over replicas, i.e. the accumulated all-reduced
         # gradient. Restoring it gives every replica an equal share.
-        colocate = self._distribution_strategy.extended.colocate_vars_with
+        strategy = internals.distribution_strategy(self)
+        colocate = strategy.extended.colocate_vars_with
         with colocate(_tf_variable(variable)), keras.name_scope(self.name):
             accumulator = keras.Variable(
                 initializer="zeros",
@@ -385,7 +387,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 aggregation="sum",
                 name=_slot_name(variable, "grad_accumulator"),
             )
-        self._track_variable(accumulator)
+        internals.track_variable(self, accumulator)
         return accumulator
 
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
@@ -414,14 +416,15 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     def _exclude_centers_from_weight_decay(self):
         # Keras resolves exclusions per variable, by identity or name; the
         # centers are other variables with other names.
-        decays = self.inner_optimizer._use_weight_decay
+        inner = self.inner_optimizer
         self.outer_optimizer.exclude_from_weight_decay(
             var_list=[
                 center
                 for variable, center in zip(
-                    self._trainable_variables, self._centers
+                    internals.built_variables(self), self._centers
                 )
-                if center is not None and not decays(variable)
+                if center is not None
+                and not internals.uses_weight_decay(inner, variable)
             ]
         )
 
@@ -433,7 +436,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         accumulator per model variable, in the order of the variables),
         then the inner optimizer's, then the outer optimizer's."""
         return (
-            self._variables
+            internals.own_variables(self)
             + self.inner_optimizer.variables
             + self.outer_optimizer.variables
         )
@@ -523,7 +526,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         """
         if var_list is None:
             var_list = [
-                v for v in self._trainable_variables if not _overwrites(v)
+                v for v in internals.built_variables(self) if not _overwrites(v)
             ]
         for variable in var_list:
             variable.assign(self.global_center_variable(variable))
@@ -535,7 +538,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                     "When passing `grads` without `trainable_variables`, the "
                     "optimizer must already be built."
                 )
-            trainable_variables = self._trainable_variables
+            trainable_variables = internals.built_variables(self)
         strategy = tf.distribute.get_strategy()
         multi_worker = isinstance(
             strategy, tf.distribute.MultiWorkerMirroredStrategy
@@ -583,7 +586,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         if workers > 1 and distribute.one_replica_per_worker(strategy):
             # Workers train locally between synchronisations, each on the
             # gradient of its own batch (Keras divides it by the workers).
-            with distribute.local_update(self.inner_optimizer):
+            with internals.without_gradient_all_reduce(self.inner_optimizer):
                 self.inner_optimizer.apply(
                     [distribute.scaled(g, workers) for g in grads], variables
                 )
@@ -595,7 +598,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         replica_context.merge_call(
             self._count_step, args=(grads, variables, centers, accumulators)
         )
-        self._iterations.assign_add(1)
+        internals.increment_iterations(self)
 
     def _start_from_model(self, distribution, variables, centers):
         # Weights loaded after `build` are the ones to train from.

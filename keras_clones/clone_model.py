@@ -6,10 +6,8 @@ import warnings
 
 import keras
 import tensorflow as tf
-from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-from keras.src.models.functional import Functional
-from keras.src.models.model import functional_init_arguments
 
+from keras_clones import _keras_internals as internals
 from keras_clones import distribute
 from keras_clones import replication
 from keras_clones.agn import AGNOptimizer
@@ -213,18 +211,20 @@ class CloneModel(keras.Model):
     _replicas = None
 
     def __new__(cls, *args, **kwargs):
-        if cls is CloneModel and functional_init_arguments(args, kwargs):
+        if cls is CloneModel and internals.functional_init_arguments(
+            args, kwargs
+        ):
             return super().__new__(FunctionalCloneModel)
         return super().__new__(cls)
 
     def __init__(self, *args, deployment=None, **kwargs):
-        if functional_init_arguments(args, kwargs):
+        if internals.functional_init_arguments(args, kwargs):
             # What `keras.Model.__init__` does for a functional model, but
             # with `FunctionalCloneModel` (not `Functional`) injected into
             # the bases of a subclass: `CloneModel` itself never changes.
             _inject_functional_clone_model(type(self))
-            TensorFlowTrainer.__init__(self)
-            Functional.__init__(self, *args, **kwargs)
+            internals.TensorFlowTrainer.__init__(self)
+            internals.Functional.__init__(self, *args, **kwargs)
         else:
             keras.Model.__init__(self, *args, **kwargs)
         # Whether `get_metrics_result` reports `fit`'s own logs too.
@@ -382,12 +382,12 @@ class CloneModel(keras.Model):
         with warnings.catch_warnings():
             if i > 0:  # They would repeat clone 0's.
                 warnings.simplefilter("ignore")
-            if self._call_has_training_arg:
+            if internals.call_has_training_arg(self):
                 y_pred = self(x, training=training)
             else:
                 y_pred = self(x)
         for output in tf.nest.flatten(y_pred):
-            if getattr(output, "_keras_mask", None) is not None:
+            if internals.keras_mask(output) is not None:
                 raise ValueError(
                     "CloneModel cannot split a loss over masked outputs "
                     "exactly: Keras normalises a masked loss by the number of "
@@ -434,7 +434,7 @@ class CloneModel(keras.Model):
         # clones' forward passes: build it (and the optimizer) first, as
         # Keras does under a strategy.
         with strategy.scope():
-            self._symbolic_build(iterator=iterator, data_batch=data_batch)
+            internals.symbolic_build(self, iterator, data_batch)
 
     def _state_variables(self):
         """Float state that `call()` assigns (e.g. moving statistics)."""
@@ -476,7 +476,8 @@ class CloneModel(keras.Model):
                     copies = None if replicas is None else replicas.scope(i)
                     with copies or contextlib.nullcontext():
                         y_pred = self._call_clone(i, x_i, training=True)
-                        loss = self._compute_loss(
+                        loss = internals.compute_loss(
+                            self,
                             x=x_i,
                             y=y_i,
                             y_pred=y_pred,
@@ -554,7 +555,7 @@ class CloneModel(keras.Model):
                     on_skip=apply_gradients if loss_scaled else None,
                 )
             y_pred = _merge_outputs(y_preds, [c.size for c in clones])
-        self._loss_tracker.update_state(
+        internals.loss_tracker(self).update_state(
             self._unscaled(total_loss), sample_weight=batch_size
         )
         logs = dict(
@@ -572,7 +573,8 @@ class CloneModel(keras.Model):
             device_scope, name_scope = self._clone_scopes(i)
             with device_scope, name_scope:
                 y_pred = self._call_clone(i, x_i, training=False)
-                loss = self._compute_loss(
+                loss = internals.compute_loss(
+                    self,
                     x=x_i,
                     y=y_i,
                     y_pred=y_pred,
@@ -585,7 +587,7 @@ class CloneModel(keras.Model):
         with tf.device(self._deployment.optimizer_device()):
             total_loss = tf.add_n(clone_losses)
             y_pred = _merge_outputs(y_preds, [c.size for c in clones])
-        self._loss_tracker.update_state(
+        internals.loss_tracker(self).update_state(
             self._unscaled(total_loss), sample_weight=batch_size
         )
         return distribute.worker_logs(
@@ -659,7 +661,7 @@ class CloneModel(keras.Model):
             logs.pop(name, None)
         if return_dict:
             return logs
-        return self._flatten_metrics_in_order(logs)
+        return internals.flatten_metrics_in_order(self, logs)
 
     def predict(self, *args, **kwargs):
         return distribute.run_as_worker(self, super().predict, args, kwargs)
@@ -688,7 +690,7 @@ class CloneModel(keras.Model):
 @keras.saving.register_keras_serializable(
     package="keras_clones", name="CloneModel"
 )
-class FunctionalCloneModel(CloneModel, Functional):
+class FunctionalCloneModel(CloneModel, internals.Functional):
     """A `CloneModel` built from inputs and outputs, as `keras.Model` does.
 
     Private Keras classes are used here and only here; tests that build
@@ -702,7 +704,7 @@ def _inject_functional_clone_model(cls):
     `Functional`, leaving `CloneModel` itself as it is."""
     if cls is CloneModel:
         return FunctionalCloneModel
-    if not issubclass(cls, CloneModel) or issubclass(cls, Functional):
+    if not issubclass(cls, CloneModel) or issubclass(cls, internals.Functional):
         return cls
     cls.__bases__ = tuple(
         _inject_functional_clone_model(base) for base in cls.__bases__

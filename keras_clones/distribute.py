@@ -3,10 +3,8 @@
 Keras 3 does not support `tf.distribute.MultiWorkerMirroredStrategy`
 (keras-team/keras#20585): it has no chief, no agreement between workers,
 and a few private methods in its way. What keras_clones adds for it lives
-here, and so do the private Keras methods multi-worker training relies on
-(`_symbolic_build`, `_all_reduce_sum_gradients`; `CloneModel` overrides
-`_maybe_symbolic_build` to call `build_from_local_batch`):
-`tests/test_multi_worker.py` fails when a Keras upgrade changes them.
+here (`CloneModel` overrides `_maybe_symbolic_build` to call
+`build_from_local_batch`).
 """
 
 import contextlib
@@ -21,6 +19,8 @@ import zlib
 
 import keras
 import tensorflow as tf
+
+from keras_clones import _keras_internals as internals
 
 # What a collective raises when a peer died (TensorFlow's heartbeats) or did
 # not answer within `CommunicationOptions(timeout_seconds=...)`.
@@ -385,7 +385,7 @@ def build_from_local_batch(model, iterator):
         )
         break
     with strategy.scope():
-        model._symbolic_build(data_batch=data_batch)
+        internals.symbolic_build(model, data_batch=data_batch)
 
 
 def scaled(grad, factor):
@@ -421,15 +421,3 @@ def agree_on_overflow(grads):
         None if g is None else scaled(g, tf.cast(factor, g.dtype))
         for g in grads
     ]
-
-
-@contextlib.contextmanager
-def local_update(optimizer):
-    """Makes `optimizer.apply` update this worker's copies with its own
-    gradients, skipping the all-reduce Keras's TensorFlow optimizers run.
-    """
-    optimizer._all_reduce_sum_gradients = list
-    try:
-        yield
-    finally:
-        del optimizer._all_reduce_sum_gradients

@@ -1,0 +1,136 @@
+"""Every private part of Keras that keras_clones relies on, in one place.
+
+keras_clones is built on Keras's public API where it can be; where Keras
+offers no public way (a model's own loss tracker, an optimizer's own
+variable list, the functional-model machinery), the private attribute or
+`keras.src` import is read or written here, behind a function whose name
+says what it is, and nowhere else in `keras_clones/`.
+`tests/test_keras_internals.py` exercises every one of them, so that a Keras
+upgrade that moves one fails there, by name.
+
+Overrides of Keras's private methods stay on their classes (a method must
+be where Keras calls it); they are listed in `OVERRIDDEN_PRIVATE_METHODS`,
+and the test checks that Keras still defines and calls each of them.
+"""
+
+import contextlib
+
+from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+from keras.src.models.functional import Functional
+from keras.src.models.model import functional_init_arguments
+from keras.src.utils.tracking import no_automatic_dependency_tracking
+
+__all__ = [
+    "Functional",
+    "OVERRIDDEN_PRIVATE_METHODS",
+    "TensorFlowTrainer",
+    "built_variables",
+    "call_has_training_arg",
+    "compute_loss",
+    "distribution_strategy",
+    "flatten_metrics_in_order",
+    "functional_init_arguments",
+    "increment_iterations",
+    "keras_mask",
+    "learning_rate_object",
+    "loss_tracker",
+    "no_automatic_dependency_tracking",
+    "own_variables",
+    "symbolic_build",
+    "track_variable",
+    "uses_weight_decay",
+    "without_gradient_all_reduce",
+]
+
+# `{keras_clones class: (Keras private method it overrides, ...)}`; the
+# Keras class that defines and calls each is `TensorFlowTrainer`.
+OVERRIDDEN_PRIVATE_METHODS = {
+    "CloneModel": ("_maybe_symbolic_build", "_resolve_auto_jit_compile"),
+}
+
+
+# Models (Keras's `Trainer` and `Layer`).
+
+
+def call_has_training_arg(model):
+    """Whether `model.call` takes a `training` argument."""
+    return model._call_has_training_arg
+
+
+def compute_loss(model, **kwargs):
+    """`model.compute_loss(**kwargs)`, also for overrides written before
+    Keras 3.3 (without `training`), as Keras's own train step calls it."""
+    return model._compute_loss(**kwargs)
+
+
+def loss_tracker(model):
+    """The `Mean` metric behind `logs["loss"]`."""
+    return model._loss_tracker
+
+
+def flatten_metrics_in_order(model, logs):
+    """`logs` as the list `evaluate()` and `train_on_batch()` return."""
+    return model._flatten_metrics_in_order(logs)
+
+
+def symbolic_build(model, iterator=None, data_batch=None):
+    """Builds `model`, its compiled loss and metrics, and its optimizer from
+    the shapes of a batch, without running a step."""
+    model._symbolic_build(iterator=iterator, data_batch=data_batch)
+
+
+def keras_mask(tensor):
+    """The mask Keras attached to a layer's output tensor, or None."""
+    return getattr(tensor, "_keras_mask", None)
+
+
+# Optimizers (Keras's `BaseOptimizer` and its TensorFlow subclass).
+
+
+def own_variables(optimizer):
+    """The variables `optimizer` created itself (its iterations, learning
+    rate and slots), in creation order."""
+    return optimizer._variables
+
+
+def track_variable(optimizer, variable):
+    """Adds a variable made outside `add_variable` to `optimizer`'s own."""
+    optimizer._track_variable(variable)
+
+
+def increment_iterations(optimizer):
+    """Counts one step in `optimizer.iterations`, as its `apply` does."""
+    optimizer._iterations.assign_add(1)
+
+
+def built_variables(optimizer):
+    """The model variables `optimizer` was built on, in order."""
+    return optimizer._trainable_variables
+
+
+def distribution_strategy(optimizer):
+    """The `tf.distribute` strategy `optimizer` was created under."""
+    return optimizer._distribution_strategy
+
+
+def learning_rate_object(optimizer):
+    """The learning rate as given: a float's variable, a schedule or a
+    callable (`optimizer.learning_rate` evaluates the latter two)."""
+    return optimizer._learning_rate
+
+
+def uses_weight_decay(optimizer, variable):
+    """Whether `optimizer` decays `variable` (its exclusions applied)."""
+    return optimizer._use_weight_decay(variable)
+
+
+@contextlib.contextmanager
+def without_gradient_all_reduce(optimizer):
+    """Makes `optimizer.apply` use this replica's gradients as they are,
+    skipping the all-reduce Keras's TensorFlow optimizers run under a
+    `tf.distribute` strategy."""
+    optimizer._all_reduce_sum_gradients = list
+    try:
+        yield
+    finally:
+        del optimizer._all_reduce_sum_gradients

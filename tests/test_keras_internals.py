@@ -1,0 +1,180 @@
+"""Every private part of Keras that keras_clones relies on still works.
+
+One test per function of `keras_clones/_keras_internals.py`, each against
+a plain Keras model or optimizer, and one for the private methods
+`CloneModel` overrides: a Keras upgrade that moves any of them fails here,
+by name, before anything else does.
+"""
+
+import inspect
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import keras_clones
+from keras_clones import _keras_internals as internals
+
+
+def compiled_model():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    return model
+
+
+def test_every_function_is_exercised_here():
+    public = {
+        name
+        for name, value in vars(internals).items()
+        if inspect.isfunction(value) and value.__module__ == internals.__name__
+    }
+    source = inspect.getsource(inspect.getmodule(test_call_has_training_arg))
+    untested = {name for name in public if f"internals.{name}(" not in source}
+    assert not untested
+
+
+def test_overridden_private_methods_are_still_keras_methods_it_calls():
+    # Defined by the TensorFlow trainer or its base `Trainer`, with our
+    # signature, and called there.
+    trainer = internals.TensorFlowTrainer
+    source = "".join(
+        inspect.getsource(cls)
+        for cls in trainer.__mro__
+        if cls.__module__.startswith("keras.")
+    )
+    for cls_name, methods in internals.OVERRIDDEN_PRIVATE_METHODS.items():
+        cls = getattr(keras_clones, cls_name)
+        for method in methods:
+            keras_method = getattr(trainer, method)
+            ours = getattr(cls, method)
+            assert ours is not keras_method
+            assert inspect.signature(ours) == inspect.signature(keras_method)
+            assert f"self.{method}(" in source
+
+
+def test_functional_machinery():
+    inputs = keras.Input((3,))
+    outputs = keras.layers.Dense(1)(inputs)
+    assert internals.functional_init_arguments((inputs, outputs), {})
+    assert not internals.functional_init_arguments((), {})
+    model = keras.Model(inputs, outputs)
+    assert isinstance(model, internals.Functional)
+    assert isinstance(model, internals.TensorFlowTrainer)
+
+
+def test_call_has_training_arg():
+    class WithTraining(keras.Model):
+        def call(self, x, training=None):
+            return x
+
+    class WithoutTraining(keras.Model):
+        def call(self, x):
+            return x
+
+    assert internals.call_has_training_arg(WithTraining())
+    assert not internals.call_has_training_arg(WithoutTraining())
+
+
+def test_compute_loss_and_loss_tracker():
+    model = compiled_model()
+    x, y = np.ones((4, 3), "float32"), np.zeros((4, 2), "float32")
+    model.evaluate(x, y, verbose=0)  # Builds the compiled loss.
+    y_pred = model(x)
+    loss = internals.compute_loss(
+        model, x=x, y=y, y_pred=y_pred, sample_weight=None, training=False
+    )
+    np.testing.assert_allclose(loss, np.mean(y_pred.numpy() ** 2), rtol=1e-6)
+    tracker = internals.loss_tracker(model)
+    assert tracker.name == "loss" and tracker in model.metrics
+
+
+def test_compute_loss_of_an_override_without_training_argument():
+    class Legacy(keras.Model):
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
+            return keras.ops.sum(y_pred) * 0 + 7.0
+
+    inputs = keras.Input((1,))
+    model = Legacy(inputs, inputs)
+    loss = internals.compute_loss(
+        model, x=None, y=None, y_pred=tf.ones((1, 1)), training=True
+    )
+    assert float(loss) == 7.0
+
+
+def test_flatten_metrics_in_order():
+    model = compiled_model()
+    logs = model.evaluate(
+        np.ones((4, 3)), np.zeros((4, 2)), verbose=0, return_dict=True
+    )
+    flat = internals.flatten_metrics_in_order(model, logs)
+    assert flat == [logs["loss"], logs["mae"]]
+
+
+def test_symbolic_build_builds_model_and_optimizer():
+    model = keras.Sequential([keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    data = (tf.ones((4, 3)), tf.zeros((4, 2)), None)
+    internals.symbolic_build(model, data_batch=data)
+    assert model.built and model.optimizer.built
+    assert model.layers[0].kernel.shape == (3, 2)
+
+
+def test_keras_mask():
+    masked = keras.layers.Masking()(tf.constant([[[0.0], [1.0]]]))
+    assert internals.keras_mask(masked) is not None
+    assert internals.keras_mask(tf.ones(2)) is None
+
+
+def built_optimizer(**kwargs):
+    variables = [keras.Variable(np.ones((2,), "float32"), name="w")]
+    optimizer = keras.optimizers.AdamW(0.1, **kwargs)
+    optimizer.build(variables)
+    return optimizer, variables
+
+
+def test_optimizer_variable_store():
+    optimizer, variables = built_optimizer()
+    own = internals.own_variables(optimizer)
+    assert own == optimizer.variables  # Iterations, rate, m and v.
+    assert internals.built_variables(optimizer) == variables
+    extra = keras.Variable(0.0, name="extra")
+    internals.track_variable(optimizer, extra)
+    assert internals.own_variables(optimizer)[-1] is extra
+    internals.increment_iterations(optimizer)
+    assert int(optimizer.iterations.numpy()) == 1
+
+
+def test_distribution_strategy_and_learning_rate_object():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(schedule)
+    assert internals.distribution_strategy(optimizer) is strategy
+    assert internals.learning_rate_object(optimizer) is schedule
+
+
+def test_uses_weight_decay():
+    optimizer, variables = built_optimizer(weight_decay=0.1)
+    assert internals.uses_weight_decay(optimizer, variables[0])
+    excluded = keras.Variable(np.ones((2,), "float32"), name="bias")
+    optimizer.exclude_from_weight_decay(var_names=["bias"])
+    assert not internals.uses_weight_decay(optimizer, excluded)
+
+
+def test_without_gradient_all_reduce_leaves_gradients_as_they_are():
+    # Keras's TensorFlow optimizer all-reduces through this method; inside
+    # the context it returns this replica's gradients untouched (the
+    # multi-worker AGN tests check the training it gives).
+    source = "".join(
+        inspect.getsource(cls)
+        for cls in keras.optimizers.SGD.__mro__
+        if cls.__module__.startswith("keras.")
+    )
+    assert "self._all_reduce_sum_gradients(" in source
+    optimizer, variables = built_optimizer()
+    pairs = [(tf.ones((2,)), variables[0])]
+    with internals.without_gradient_all_reduce(optimizer):
+        assert optimizer._all_reduce_sum_gradients(pairs) == pairs
+    assert "_all_reduce_sum_gradients" not in vars(optimizer)
