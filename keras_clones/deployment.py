@@ -69,6 +69,155 @@ def _parse_clone_device(device):
     ).to_string()
 
 
+def _check_devices(devices, num_clones, clone_on_cpu):
+    """Checks `devices` and returns it canonicalised, as a list.
+
+    `devices` gives one clone per device, so it excludes `num_clones` and
+    `clone_on_cpu=True`.
+    """
+    _check_num_clones_without_devices(num_clones, devices)
+    _check_device_list(devices)
+    _check_clone_on_cpu_without_devices(clone_on_cpu)
+    devices = [_parse_clone_device(d) for d in devices]
+    _check_distinct_devices(devices)
+    return devices
+
+
+def _check_num_clones_without_devices(num_clones, devices):
+    if num_clones is not None:
+        raise ValueError(
+            "Pass either `num_clones` or `devices`, not both: "
+            "`devices` gives one clone per device. Received: "
+            f"num_clones={num_clones}, devices={devices!r}."
+        )
+
+
+def _check_device_list(devices):
+    if isinstance(devices, str) or not isinstance(devices, (list, tuple)):
+        raise TypeError(
+            "`devices` must be a list of device strings, such as "
+            f"['/cpu:0', '/cpu:1']. Received: {devices!r}."
+        )
+    if not devices:
+        raise ValueError(
+            "`devices` must name at least one device. Received: []."
+        )
+
+
+def _check_clone_on_cpu_without_devices(clone_on_cpu):
+    if clone_on_cpu:
+        raise ValueError(
+            "`clone_on_cpu=True` places every clone on "
+            "'/device:CPU:0' and cannot be combined with `devices`. "
+            "List CPU devices in `devices` instead."
+        )
+
+
+def _check_distinct_devices(devices):
+    duplicates = sorted({d for d in devices if devices.count(d) > 1})
+    if duplicates:
+        raise ValueError(
+            f"`devices` lists {', '.join(duplicates)} more than once; "
+            "each clone needs its own device."
+        )
+
+
+def _check_clone_on_cpu(clone_on_cpu):
+    if not isinstance(clone_on_cpu, bool):
+        raise TypeError(
+            f"`clone_on_cpu` must be a bool. Received: {clone_on_cpu!r}."
+        )
+
+
+def _check_ps_tasks_for_replicas(num_replicas, num_ps_tasks):
+    if num_replicas > 1 and num_ps_tasks < 1:
+        raise ValueError(
+            "`num_ps_tasks` must be positive when `num_replicas > 1`: "
+            "replicas share their variables through parameter servers. "
+            f"Received: num_replicas={num_replicas}, "
+            f"num_ps_tasks={num_ps_tasks}."
+        )
+
+
+def _check_job_name(name, value):
+    """Checks `worker_job_name` or `ps_job_name` (with parameter servers)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(
+            f"`{name}` must be a non-empty string when using "
+            f"replicas or parameter servers. Received: "
+            f"{name}={value!r}."
+        )
+
+
+def _check_replica_id_in_range(replica_id, num_replicas):
+    if replica_id >= num_replicas:
+        raise ValueError(
+            "`replica_id` must be less than `num_replicas`. Received: "
+            f"replica_id={replica_id}, num_replicas={num_replicas}."
+        )
+
+
+def _check_variable_update(variable_update):
+    if variable_update not in _VARIABLE_UPDATES:
+        raise ValueError(
+            "`variable_update` must be one of "
+            f"{', '.join(map(repr, _VARIABLE_UPDATES))}. Received: "
+            f"variable_update={variable_update!r}."
+        )
+
+
+def _check_all_reduce(all_reduce):
+    if all_reduce is not None and all_reduce not in _ALL_REDUCES:
+        raise ValueError(
+            "`all_reduce` must be None or one of "
+            f"{', '.join(map(repr, _ALL_REDUCES))}. Received: "
+            f"all_reduce={all_reduce!r}."
+        )
+
+
+def _check_all_reduce_is_replicated(all_reduce, variable_update):
+    if all_reduce is not None and variable_update != "replicated":
+        raise ValueError(
+            "`all_reduce` chooses how replicated variables are kept "
+            "in sync, so it needs `variable_update='replicated'`. "
+            f"Received: all_reduce={all_reduce!r}, "
+            f"variable_update={variable_update!r}."
+        )
+
+
+def _check_hierarchical_copy_clones(all_reduce, num_clones):
+    if all_reduce == "hierarchical_copy" and not _hierarchical_copy_sums(
+        num_clones
+    ):
+        raise ValueError(
+            "`all_reduce='hierarchical_copy'` needs an even number of "
+            "clones, at most 8: with an odd number TensorFlow's "
+            "`HierarchicalCopyAllReduce` leaves out the last device's "
+            f"values. Received {num_clones} clones; use "
+            "`all_reduce='reduction_to_one_device'` (or None)."
+        )
+
+
+def _check_replicated_clone_devices(variable_update, clone_on_cpu, num_clones):
+    if variable_update == "replicated" and clone_on_cpu and num_clones > 1:
+        raise ValueError(
+            "`variable_update='replicated'` keeps a copy of the "
+            "variables on each clone's device, but `clone_on_cpu=True` "
+            "puts every clone on '/device:CPU:0'. List distinct devices "
+            "in `devices=[...]`, or use "
+            "`variable_update='parameter_server'`."
+        )
+
+
+def _check_replicated_without_ps(variable_update, num_ps_tasks):
+    if variable_update == "replicated" and num_ps_tasks > 0:
+        raise ValueError(
+            "`variable_update='replicated'` keeps the variables on the "
+            "clone devices, while parameter servers hold the one copy; "
+            f"use `num_ps_tasks=0`. Received: num_ps_tasks={num_ps_tasks}."
+        )
+
+
 class DeploymentConfig:
     """How to deploy a model as clones on the devices of one machine.
 
@@ -146,114 +295,30 @@ class DeploymentConfig:
         all_reduce=None,
     ):
         if devices is not None:
-            if num_clones is not None:
-                raise ValueError(
-                    "Pass either `num_clones` or `devices`, not both: "
-                    "`devices` gives one clone per device. Received: "
-                    f"num_clones={num_clones}, devices={devices!r}."
-                )
-            if isinstance(devices, str) or not isinstance(
-                devices, (list, tuple)
-            ):
-                raise TypeError(
-                    "`devices` must be a list of device strings, such as "
-                    f"['/cpu:0', '/cpu:1']. Received: {devices!r}."
-                )
-            if not devices:
-                raise ValueError(
-                    "`devices` must name at least one device. Received: []."
-                )
-            if clone_on_cpu:
-                raise ValueError(
-                    "`clone_on_cpu=True` places every clone on "
-                    "'/device:CPU:0' and cannot be combined with `devices`. "
-                    "List CPU devices in `devices` instead."
-                )
-            devices = [_parse_clone_device(d) for d in devices]
-            duplicates = sorted({d for d in devices if devices.count(d) > 1})
-            if duplicates:
-                raise ValueError(
-                    f"`devices` lists {', '.join(duplicates)} more than once; "
-                    "each clone needs its own device."
-                )
+            devices = _check_devices(devices, num_clones, clone_on_cpu)
             num_clones = len(devices)
         elif num_clones is None:
             num_clones = 1
         _check_count("num_clones", num_clones, 1)
-        if not isinstance(clone_on_cpu, bool):
-            raise TypeError(
-                f"`clone_on_cpu` must be a bool. Received: {clone_on_cpu!r}."
-            )
+        _check_clone_on_cpu(clone_on_cpu)
         _check_count("replica_id", replica_id, 0)
         _check_count("num_replicas", num_replicas, 1)
         _check_count("num_ps_tasks", num_ps_tasks, 0)
-        if num_replicas > 1 and num_ps_tasks < 1:
-            raise ValueError(
-                "`num_ps_tasks` must be positive when `num_replicas > 1`: "
-                "replicas share their variables through parameter servers. "
-                f"Received: num_replicas={num_replicas}, "
-                f"num_ps_tasks={num_ps_tasks}."
-            )
-        if num_replicas > 1 or num_ps_tasks > 0:
-            for name, value in (
-                ("worker_job_name", worker_job_name),
-                ("ps_job_name", ps_job_name),
-            ):
-                if not isinstance(value, str) or not value:
-                    raise ValueError(
-                        f"`{name}` must be a non-empty string when using "
-                        f"replicas or parameter servers. Received: "
-                        f"{name}={value!r}."
-                    )
-        if replica_id >= num_replicas:
-            raise ValueError(
-                "`replica_id` must be less than `num_replicas`. Received: "
-                f"replica_id={replica_id}, num_replicas={num_replicas}."
-            )
-        if variable_update not in _VARIABLE_UPDATES:
-            raise ValueError(
-                "`variable_update` must be one of "
-                f"{', '.join(map(repr, _VARIABLE_UPDATES))}. Received: "
-                f"variable_update={variable_update!r}."
-            )
-        if all_reduce is not None:
-            if all_reduce not in _ALL_REDUCES:
-                raise ValueError(
-                    "`all_reduce` must be None or one of "
-                    f"{', '.join(map(repr, _ALL_REDUCES))}. Received: "
-                    f"all_reduce={all_reduce!r}."
-                )
-            if variable_update != "replicated":
-                raise ValueError(
-                    "`all_reduce` chooses how replicated variables are kept "
-                    "in sync, so it needs `variable_update='replicated'`. "
-                    f"Received: all_reduce={all_reduce!r}, "
-                    f"variable_update={variable_update!r}."
-                )
-        if all_reduce == "hierarchical_copy" and not _hierarchical_copy_sums(
-            num_clones
-        ):
-            raise ValueError(
-                "`all_reduce='hierarchical_copy'` needs an even number of "
-                "clones, at most 8: with an odd number TensorFlow's "
-                "`HierarchicalCopyAllReduce` leaves out the last device's "
-                f"values. Received {num_clones} clones; use "
-                "`all_reduce='reduction_to_one_device'` (or None)."
-            )
-        if variable_update == "replicated" and clone_on_cpu and num_clones > 1:
-            raise ValueError(
-                "`variable_update='replicated'` keeps a copy of the "
-                "variables on each clone's device, but `clone_on_cpu=True` "
-                "puts every clone on '/device:CPU:0'. List distinct devices "
-                "in `devices=[...]`, or use "
-                "`variable_update='parameter_server'`."
-            )
-        if variable_update == "replicated" and num_ps_tasks > 0:
-            raise ValueError(
-                "`variable_update='replicated'` keeps the variables on the "
-                "clone devices, while parameter servers hold the one copy; "
-                f"use `num_ps_tasks=0`. Received: num_ps_tasks={num_ps_tasks}."
-            )
+        _check_ps_tasks_for_replicas(num_replicas, num_ps_tasks)
+        # With more than one replica there are parameter servers (above).
+        uses_ps = num_ps_tasks > 0
+        if uses_ps:
+            _check_job_name("worker_job_name", worker_job_name)
+            _check_job_name("ps_job_name", ps_job_name)
+        _check_replica_id_in_range(replica_id, num_replicas)
+        _check_variable_update(variable_update)
+        _check_all_reduce(all_reduce)
+        _check_all_reduce_is_replicated(all_reduce, variable_update)
+        _check_hierarchical_copy_clones(all_reduce, num_clones)
+        _check_replicated_clone_devices(
+            variable_update, clone_on_cpu, num_clones
+        )
+        _check_replicated_without_ps(variable_update, num_ps_tasks)
         self._num_clones = num_clones
         self._clone_on_cpu = clone_on_cpu
         self._replica_id = replica_id
@@ -264,7 +329,6 @@ class DeploymentConfig:
         self._devices = devices
         self._variable_update = variable_update
         self._all_reduce = all_reduce
-        uses_ps = num_ps_tasks > 0
         self._worker_device = f"/job:{worker_job_name}" if uses_ps else ""
         self._ps_device = f"/job:{ps_job_name}" if uses_ps else ""
 

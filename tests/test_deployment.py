@@ -126,6 +126,62 @@ def test_invalid_arguments_name_the_argument(kwargs, error, match):
         DeploymentConfig(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"variable_update": "mirrored"},
+            "`variable_update` must be one of 'parameter_server', "
+            "'replicated'. Received: variable_update='mirrored'.",
+        ),
+        (
+            {"variable_update": "replicated", "all_reduce": "ring"},
+            "`all_reduce` must be None or one of 'reduction_to_one_device', "
+            "'hierarchical_copy', 'nccl'. Received: all_reduce='ring'.",
+        ),
+        (
+            {"all_reduce": "nccl"},
+            "`all_reduce` chooses how replicated variables are kept in sync, "
+            "so it needs `variable_update='replicated'`. Received: "
+            "all_reduce='nccl', variable_update='parameter_server'.",
+        ),
+        (
+            {
+                "num_clones": 3,
+                "variable_update": "replicated",
+                "all_reduce": "hierarchical_copy",
+            },
+            "`all_reduce='hierarchical_copy'` needs an even number of "
+            "clones, at most 8: with an odd number TensorFlow's "
+            "`HierarchicalCopyAllReduce` leaves out the last device's "
+            "values. Received 3 clones; use "
+            "`all_reduce='reduction_to_one_device'` (or None).",
+        ),
+        (
+            {
+                "num_clones": 2,
+                "clone_on_cpu": True,
+                "variable_update": "replicated",
+            },
+            "`variable_update='replicated'` keeps a copy of the variables on "
+            "each clone's device, but `clone_on_cpu=True` puts every clone "
+            "on '/device:CPU:0'. List distinct devices in `devices=[...]`, "
+            "or use `variable_update='parameter_server'`.",
+        ),
+        (
+            {"num_ps_tasks": 1, "variable_update": "replicated"},
+            "`variable_update='replicated'` keeps the variables on the clone "
+            "devices, while parameter servers hold the one copy; use "
+            "`num_ps_tasks=0`. Received: num_ps_tasks=1.",
+        ),
+    ],
+)
+def test_invalid_variable_update_and_all_reduce(kwargs, message):
+    with pytest.raises(ValueError) as error:
+        DeploymentConfig(**kwargs)
+    assert str(error.value) == message
+
+
 @pytest.mark.parametrize("index", [-1, 2, 5])
 def test_clone_index_out_of_range(index):
     config = DeploymentConfig(num_clones=2)
