@@ -8,6 +8,8 @@ import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
 from keras_clones import distribute
+from keras_clones.step_hooks import Step
+from keras_clones.step_hooks import StepHooks
 
 # Options of the base optimizer that a wrapper does not take itself: they
 # belong on the inner optimizer, as `LossScaleOptimizer` also requires.
@@ -263,8 +265,9 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     ```
     """
 
-    # Set by `keras_clones.callbacks.InfNanCheck` for the length of a `fit`.
-    _non_finite_guard = None
+    # Its centers, accumulators and local step must exist once: per-device
+    # copies of it cannot replace it (see `optimizer_capabilities`).
+    replicable = False
 
     def __init__(
         self,
@@ -315,6 +318,14 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self.outer_optimizer = outer_optimizer
         self.communication_period = communication_period
         self.global_device = global_device
+        self._step_hooks = StepHooks()
+
+    @property
+    def step_hooks(self):
+        """What runs in each `apply` beside the update: a
+        `keras_clones.step_hooks.StepHooks` (`InfNanCheck`'s guard, for a
+        plain `keras.Model`, registers here)."""
+        return self._step_hooks
 
     @internals.no_automatic_dependency_tracking
     def build(self, var_list):
@@ -561,14 +572,10 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         grads = list(grads)
         self.build(trainable_variables)
         grads, variables = zip(*_with_gradients(grads, trainable_variables))
-        if self._non_finite_guard is None:
-            self._apply_pairs(replica_context, grads, variables)
-        else:
-            self._non_finite_guard.apply_if_finite(
-                lambda: self._apply_pairs(replica_context, grads, variables),
-                grads,
-                variables,
-            )
+        self._step_hooks.run(
+            Step(list(grads), list(variables)),
+            lambda: self._apply_pairs(replica_context, grads, variables),
+        )
 
     def _apply_pairs(self, replica_context, grads, variables):
         grads, variables = _overwrite_with_gradients(grads, variables)

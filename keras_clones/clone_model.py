@@ -9,9 +9,11 @@ import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
 from keras_clones import distribute
+from keras_clones import optimizer_capabilities
 from keras_clones import replication
-from keras_clones.agn import AGNOptimizer
 from keras_clones.deployment import DeploymentConfig
+from keras_clones.step_hooks import Step
+from keras_clones.step_hooks import StepHooks
 
 # Reductions that divide by the number of elements: a clone's loss counts in
 # proportion to its share of the batch. "sum" adds the clones' losses.
@@ -103,6 +105,48 @@ def _loss_reduction(loss):
             f"'sum'. Received: loss={loss!r}."
         )
     return kinds.pop() if kinds else "share"
+
+
+class _StateUpdate:
+    """Float state the clones assign (BatchNormalization's moving
+    statistics), moved once per step by the slice-weighted mean of the
+    clones' updates: each clone starts from the same state."""
+
+    def __init__(self, variables):
+        self.variables = variables
+        self.before = [tf.identity(v.value) for v in variables]
+        self.deltas = [tf.zeros_like(b) for b in self.before]
+
+    def keep_clone_update(self, share, copies=None):
+        """Keeps the update of the clone that just ran, weighted by its
+        `share` of the batch, and undoes it; on replicated copies, also
+        applies what the clone assigned to other variables."""
+        for k, (v, before) in enumerate(zip(self.variables, self.before)):
+            after = v.value if copies is None else copies.value_of(v)
+            self.deltas[k] += (tf.identity(after) - before) * share
+            if copies is None:
+                v.assign(before)
+        if copies is not None:
+            copies.apply_updates(exclude=self.variables)
+
+    def average_across_workers(self):
+        if self.deltas:
+            self.deltas = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.MEAN, self.deltas
+            )
+
+    def apply(self):
+        for v, before, delta in zip(self.variables, self.before, self.deltas):
+            v.assign(before + delta)
+
+
+class _ClonesRun(typing.NamedTuple):
+    """What running the clones gives (`CloneModel._run_clones`)."""
+
+    contributions: list  # Each clone's share of the batch loss.
+    y_preds: list  # Each clone's predictions on its slice.
+    grads: list  # In training, each clone's gradients.
+    state: _StateUpdate
 
 
 class _CloneLosses:
@@ -204,9 +248,6 @@ class CloneModel(keras.Model):
     ```
     """
 
-    # Set by `keras_clones.callbacks` for the length of a `fit`.
-    _non_finite_guard = None
-    _step_recorder = None
     # The copies of `variable_update="replicated"`, built for training.
     _replicas = None
 
@@ -229,6 +270,7 @@ class CloneModel(keras.Model):
             keras.Model.__init__(self, *args, **kwargs)
         # Whether `get_metrics_result` reports `fit`'s own logs too.
         self._fit_logs = False
+        self._step_hooks = StepHooks()
         # Also makes the clones' loss trackers (`_CloneLosses`).
         self.deployment = deployment or DeploymentConfig()
         replicas = self.distribute_strategy.num_replicas_in_sync
@@ -244,6 +286,13 @@ class CloneModel(keras.Model):
                 "machines, use `tf.distribute.MultiWorkerMirroredStrategy` "
                 "with one device (the default CPU) per worker."
             )
+
+    @property
+    def step_hooks(self):
+        """What runs in each training step beside the update: a
+        `keras_clones.step_hooks.StepHooks` (where `InfNanCheck` and
+        `LossSummaries` register their guard and observer)."""
+        return self._step_hooks
 
     @property
     def deployment(self):
@@ -328,16 +377,8 @@ class CloneModel(keras.Model):
                 "workers yet. Use `variable_update='parameter_server'` "
                 "under MultiWorkerMirroredStrategy."
             )
-        optimizer = self.optimizer
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            optimizer = optimizer.inner_optimizer
-        # The copies take the model's updated weights instead of applying
-        # the update themselves where the optimizer's state must exist once
-        # (AGN's centers and accumulators) or where a copy of the optimizer
-        # would not know which variables weight decay leaves out.
-        broadcast = isinstance(optimizer, AGNOptimizer) or bool(
-            optimizer.weight_decay
-        )
+        # Else the copies take the model's updated weights.
+        broadcast = not optimizer_capabilities.copies_can_apply(self.optimizer)
         replicas = self._replicas
         if (
             replicas is None
@@ -396,12 +437,13 @@ class CloneModel(keras.Model):
                 )
         return y_pred
 
-    def _clone_scopes(self, i):
+    @contextlib.contextmanager
+    def _clone_scope(self, i):
+        """Clone i's device and name scope, as `model_deploy`'s."""
         scope = self._deployment.clone_scope(i)
-        return (
-            tf.device(self._deployment.clone_device(i)),
-            tf.name_scope(scope) if scope else contextlib.nullcontext(),
-        )
+        with tf.device(self._deployment.clone_device(i)):
+            with tf.name_scope(scope) if scope else contextlib.nullcontext():
+                yield
 
     def _weighted_loss(self, loss, clone, reduction):
         """A clone's contribution to the loss of the whole batch."""
@@ -413,9 +455,6 @@ class CloneModel(keras.Model):
             self.distribute_strategy.num_replicas_in_sync
         )
         return (loss - extra) * clone.present + extra * clone.share
-
-    def _track_clone_loss(self, i, loss, clone):
-        self._clone_losses.update(i, self._unscaled(loss), clone.size)
 
     def _unscaled(self, loss):
         # Keras divides losses by the number of replicas, whose gradients
@@ -445,6 +484,7 @@ class CloneModel(keras.Model):
         ]
 
     def _split(self, data):
+        """Phase 1: one slice of the batch per clone (`_CloneBatch`)."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.device(self._deployment.inputs_device()):
             batch_size = _batch_size(x)
@@ -456,162 +496,157 @@ class CloneModel(keras.Model):
         return (x, y, sample_weight), batch_size, clones
 
     def train_step(self, data):
-        reduction = _loss_reduction(self.loss)  # Refuses what cannot split.
-        strategy = self.distribute_strategy
+        # Split the batch and run the clones: each one's forward pass, loss
+        # and gradients on its slice, on its device.
         (x, y, sample_weight), batch_size, clones = self._split(data)
-        trainable = self.trainable_variables
-        replicas = self._replicas
-        if replicas is not None:
-            replicas.sync_if_stale()
-        state = self._state_variables()
-        state_before = [tf.identity(v.value) for v in state]
-        state_deltas = [tf.zeros_like(s) for s in state_before]
-        clone_grads, clone_losses, y_preds = [], [], []
-        for i, clone in enumerate(clones):
-            x_i, y_i, sw_i = clone.data
-            device_scope, name_scope = self._clone_scopes(i)
-            with device_scope, name_scope:
-                with tf.GradientTape() as tape:
-                    # Reads clone i's copies, where the tape sees them.
-                    copies = None if replicas is None else replicas.scope(i)
-                    with copies or contextlib.nullcontext():
-                        y_pred = self._call_clone(i, x_i, training=True)
-                        loss = internals.compute_loss(
-                            self,
-                            x=x_i,
-                            y=y_i,
-                            y_pred=y_pred,
-                            sample_weight=sw_i,
-                            training=True,
-                        )
-                        contribution = self._weighted_loss(
-                            loss, clone, reduction
-                        )
-                    scaled = contribution
-                    if self.optimizer is not None:
-                        scaled = self.optimizer.scale_loss(contribution)
-                variables = (
-                    trainable if copies is None else replicas.variables[i]
-                )
-                clone_grads.append(tape.gradient(scaled, variables))
-                # Each clone starts from the same state; keep its update.
-                for k, (v, before) in enumerate(zip(state, state_before)):
-                    after = v.value if copies is None else copies.value_of(v)
-                    state_deltas[k] += (tf.identity(after) - before) * (
-                        clone.share
-                    )
-                    if copies is None:
-                        v.assign(before)
-                if copies is not None:
-                    copies.apply_updates(exclude=state)
-            clone_losses.append(contribution)
-            y_preds.append(y_pred)
-            self._track_clone_loss(i, loss, clone)
-
+        run = self._run_clones(clones, training=True)
+        # Combine: gradients summed, the clones' losses added, and float
+        # state (BatchNormalization) moved once, on the optimizer device.
         with tf.device(self._deployment.optimizer_device()):
-            if replicas is None:
-                grads = [_sum_gradients(g) for g in zip(*clone_grads)]
-            else:
-                clone_grads = replicas.all_reduce(clone_grads)
-                grads = clone_grads[0]
-            if strategy.num_replicas_in_sync > 1 and isinstance(
-                self.optimizer, keras.optimizers.LossScaleOptimizer
-            ):
-                grads = distribute.agree_on_overflow(grads)
-            total_loss = tf.add_n(clone_losses)
-            if state_deltas and strategy.num_replicas_in_sync > 1:
-                # Workers' statistics move by the mean of their updates.
-                state_deltas = tf.distribute.get_replica_context().all_reduce(
-                    tf.distribute.ReduceOp.MEAN, state_deltas
-                )
-            if self._step_recorder is not None:
-                self._step_recorder.record(grads, trainable)
-
-            def apply_gradients():
-                if replicas is None:
-                    self.optimizer.apply(grads, trainable)
-                else:
-                    replicas.apply(clone_grads)
-
-            def update():
-                for v, before, delta in zip(state, state_before, state_deltas):
-                    v.assign(before + delta)
-                if trainable and self.optimizer is not None:
-                    apply_gradients()
-
-            if self._non_finite_guard is None:
-                update()
-            else:
-                # A LossScaleOptimizer must see the overflow to lower its
-                # scale; it skips its inner optimizer's update itself.
-                loss_scaled = isinstance(
-                    self.optimizer, keras.optimizers.LossScaleOptimizer
-                )
-                self._non_finite_guard.apply_if_finite(
-                    update,
-                    grads,
-                    trainable,
-                    loss=total_loss,
-                    on_skip=apply_gradients if loss_scaled else None,
-                )
-            y_pred = _merge_outputs(y_preds, [c.size for c in clones])
-        internals.loss_tracker(self).update_state(
-            self._unscaled(total_loss), sample_weight=batch_size
-        )
-        logs = dict(
-            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        )
+            grads = self._combine(run)
+            loss = tf.add_n(run.contributions)
+            # Apply once, through the step hooks (a guard may skip it).
+            self._apply(run, grads, loss)
+            y_pred = _merge_outputs(run.y_preds, [c.size for c in clones])
+        # Logs, as a plain model reports them (`clone_i_loss` in fit's).
+        logs = self._logs(x, y, y_pred, sample_weight, batch_size, loss)
         logs.update(self._fit_only_logs())
         return logs
 
     def test_step(self, data):
-        reduction = _loss_reduction(self.loss)
         (x, y, sample_weight), batch_size, clones = self._split(data)
-        clone_losses, y_preds = [], []
-        for i, clone in enumerate(clones):
-            x_i, y_i, sw_i = clone.data
-            device_scope, name_scope = self._clone_scopes(i)
-            with device_scope, name_scope:
-                y_pred = self._call_clone(i, x_i, training=False)
-                loss = internals.compute_loss(
-                    self,
-                    x=x_i,
-                    y=y_i,
-                    y_pred=y_pred,
-                    sample_weight=sw_i,
-                    training=False,
-                )
-                clone_losses.append(self._weighted_loss(loss, clone, reduction))
-            y_preds.append(y_pred)
-            self._track_clone_loss(i, loss, clone)
+        run = self._run_clones(clones, training=False)
         with tf.device(self._deployment.optimizer_device()):
-            total_loss = tf.add_n(clone_losses)
-            y_pred = _merge_outputs(y_preds, [c.size for c in clones])
-        internals.loss_tracker(self).update_state(
-            self._unscaled(total_loss), sample_weight=batch_size
-        )
-        return distribute.worker_logs(
-            self.distribute_strategy,
-            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight),
-        )
+            loss = tf.add_n(run.contributions)
+            y_pred = _merge_outputs(run.y_preds, [c.size for c in clones])
+        logs = self._logs(x, y, y_pred, sample_weight, batch_size, loss)
+        return distribute.worker_logs(self.distribute_strategy, logs)
 
     def predict_step(self, data):
         _, _, clones = self._split(data)
         y_preds = []
         for i, clone in enumerate(clones):
-            device_scope, name_scope = self._clone_scopes(i)
-            with device_scope, name_scope:
+            with self._clone_scope(i):
                 y_preds.append(
                     self._call_clone(i, clone.data[0], training=False)
                 )
         with tf.device(self._deployment.inputs_device()):
             return _merge_outputs(y_preds, [c.size for c in clones])
 
+    def _run_clones(self, clones, training):
+        """Phase 2: every clone's forward pass and loss on its slice, under
+        its device and name scope, and in training its gradients.
+
+        In training, clones read their copies of replicated variables, and
+        each clone starts from the same float state: what it assigns is
+        undone and kept as a slice-weighted delta (`_StateUpdate`), so that
+        the state moves once per step.
+        """
+        reduction = _loss_reduction(self.loss)  # Refuses what cannot split.
+        replicas = self._replicas if training else None
+        if replicas is not None:
+            replicas.sync_if_stale()
+        state = _StateUpdate(self._state_variables() if training else [])
+        run = _ClonesRun([], [], [], state)
+        for i, clone in enumerate(clones):
+            copies = None if replicas is None else replicas.scope(i)
+            tape = tf.GradientTape() if training else contextlib.nullcontext()
+            with self._clone_scope(i):
+                with tape:
+                    # Reads clone i's copies, where the tape sees them.
+                    with copies or contextlib.nullcontext():
+                        y_pred, loss = self._forward(i, clone, training)
+                        contribution = self._weighted_loss(
+                            loss, clone, reduction
+                        )
+                    scaled = contribution
+                    if training and self.optimizer is not None:
+                        scaled = self.optimizer.scale_loss(contribution)
+                if training:
+                    variables = (
+                        self.trainable_variables
+                        if copies is None
+                        else replicas.variables[i]
+                    )
+                    run.grads.append(tape.gradient(scaled, variables))
+                    state.keep_clone_update(clone.share, copies)
+            run.contributions.append(contribution)
+            run.y_preds.append(y_pred)
+            self._clone_losses.update(i, self._unscaled(loss), clone.size)
+        return run
+
+    def _forward(self, i, clone, training):
+        """Clone i's predictions and loss (as Keras computes it) on its
+        slice."""
+        x_i, y_i, sw_i = clone.data
+        y_pred = self._call_clone(i, x_i, training=training)
+        loss = internals.compute_loss(
+            self,
+            x=x_i,
+            y=y_i,
+            y_pred=y_pred,
+            sample_weight=sw_i,
+            training=training,
+        )
+        return y_pred, loss
+
+    def _combine(self, run):
+        """Phase 3: the gradients of the whole batch, summed over clones
+        (all-reduced between replicated copies). Across workers, every
+        worker's are made non-finite when any worker's overflowed, so that
+        a `LossScaleOptimizer` skips the step on all of them, and the state
+        moves by the mean of the workers' updates."""
+        if self._replicas is None:
+            grads = [_sum_gradients(g) for g in zip(*run.grads)]
+        else:
+            run.grads[:] = self._replicas.all_reduce(run.grads)
+            grads = run.grads[0]
+        strategy = self.distribute_strategy
+        if strategy.num_replicas_in_sync > 1:
+            if optimizer_capabilities.loss_scaled(self.optimizer):
+                grads = distribute.agree_on_overflow(grads)
+            run.state.average_across_workers()
+        return grads
+
+    def _apply(self, run, grads, loss):
+        """Phase 4: the state update and one optimizer update, through the
+        step hooks: observers see the step, and a guard may skip it."""
+        trainable = self.trainable_variables
+
+        def apply_gradients():
+            if self._replicas is None:
+                self.optimizer.apply(grads, trainable)
+            else:
+                self._replicas.apply(run.grads)
+
+        def update():
+            run.state.apply()
+            if trainable and self.optimizer is not None:
+                apply_gradients()
+
+        # A LossScaleOptimizer must see a skipped step's overflow, to lower
+        # its scale; it skips its inner optimizer's update itself.
+        loss_scaled = optimizer_capabilities.loss_scaled(self.optimizer)
+        self._step_hooks.run(
+            Step(grads, trainable, loss, tuple(run.contributions)),
+            update,
+            on_skip=apply_gradients if loss_scaled else None,
+        )
+
+    def _logs(self, x, y, y_pred, sample_weight, batch_size, loss):
+        """Phase 5: the loss and compiled metrics on the whole batch."""
+        internals.loss_tracker(self).update_state(
+            self._unscaled(loss), sample_weight=batch_size
+        )
+        return dict(
+            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        )
+
     def _fit_only_logs(self):
         """What `fit` logs beyond the metrics: `clone_i_loss` (and an
         `AGNOptimizer`'s `communication_rounds`)."""
         logs = self._clone_losses.results()
-        rounds = _communication_rounds(self.optimizer)
+        rounds = optimizer_capabilities.communication_rounds(self.optimizer)
         if rounds is not None:
             logs["communication_rounds"] = rounds
         return logs
@@ -710,14 +745,6 @@ def _inject_functional_clone_model(cls):
         _inject_functional_clone_model(base) for base in cls.__bases__
     )
     return cls
-
-
-def _communication_rounds(optimizer):
-    """The synchronisations an optimizer such as `AGNOptimizer` counts."""
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        optimizer = optimizer.inner_optimizer
-    rounds = getattr(optimizer, "communication_rounds", None)
-    return None if rounds is None else tf.convert_to_tensor(rounds)
 
 
 def _sum_gradients(grads):

@@ -101,7 +101,7 @@ def test_agn_skip_changes_nothing_in_a_plain_model():
 def test_after_fit_the_model_is_as_before(tmp_path):
     model = clone_model()
     train(model, "sgd", False, [InfNanCheck()])
-    assert model._non_finite_guard is None
+    assert model.step_hooks.guard is None
     assert "skipped_steps" not in [m.name for m in model.metrics]
     history = model.fit(*data(False), batch_size=BATCH, verbose=0).history
     assert "skipped_steps" not in history
@@ -153,7 +153,7 @@ def test_raise_names_the_variable_and_the_step_under_agn():
             verbose=0,
             callbacks=[InfNanCheck("raise")],
         )
-    assert model.optimizer._non_finite_guard is None
+    assert model.optimizer.step_hooks.guard is None
 
 
 def test_loss_scale_still_sees_the_overflow():

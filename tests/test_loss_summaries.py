@@ -283,7 +283,7 @@ def test_recorder_is_gone_after_fit(tmp_path):
     )
     model.fit(x, y, batch_size=10, callbacks=[keep, callback], verbose=0)
 
-    assert model._step_recorder is None
+    assert model.step_hooks.observers == ()
     assert len(model.weights) == num_weights
     # Written (and reset) at the epoch end; the retraced step no longer
     # records.

@@ -3,8 +3,8 @@
 import keras
 import tensorflow as tf
 
-from keras_clones.agn import AGNOptimizer
-from keras_clones.clone_model import CloneModel
+from keras_clones import optimizer_capabilities
+from keras_clones import step_hooks
 
 _MODES = ("skip", "stop", "raise")
 
@@ -12,8 +12,8 @@ _MODES = ("skip", "stop", "raise")
 class _NonFiniteGuard:
     """Applies a step's update only when its loss and gradients are finite.
 
-    It lives in the training step of its host (a `CloneModel` or an
-    `AGNOptimizer`), and leaves on the host side what the callback reads: the
+    A step hook (`keras_clones.step_hooks`): the guard of a `CloneModel`'s
+    or an `AGNOptimizer`'s step. It keeps what the callback reads: the
     `skipped_steps` metric and the first failure.
     """
 
@@ -31,14 +31,15 @@ class _NonFiniteGuard:
         )
         self.check_names = []
 
-    def apply_if_finite(
-        self, update, grads, variables, loss=None, on_skip=None
-    ):
+    def apply_if(self, step, update, on_skip=None):
+        """Runs `update()` if `step`'s loss and gradients are finite, else
+        `on_skip()` (if given); counts and records the skip."""
+        loss = step.loss
         names, values = [], []
         if loss is not None:
             names.append("the loss")
             values.append(loss)
-        for grad, variable in zip(grads, variables):
+        for grad, variable in zip(step.grads, step.variables):
             if grad is not None:
                 # A plain `tf.Variable` has a name, no path.
                 path = getattr(variable, "path", variable.name)
@@ -81,8 +82,8 @@ class _NonFiniteGuard:
         )
 
 
-def _guard_host(model):
-    """The object whose training step runs the check."""
+def _step_hooks(model):
+    """The step hooks of the training step that runs the check."""
     replicas = model.distribute_strategy.num_replicas_in_sync
     if replicas > 1:
         raise ValueError(
@@ -90,16 +91,10 @@ def _guard_host(model):
             f"strategy with {replicas} replicas. Train a "
             "`keras_clones.CloneModel` on several devices instead."
         )
-    if isinstance(model, CloneModel):
-        return model
+    hooks = step_hooks.host_of(model)
+    if hooks is not None:
+        return hooks
     optimizer = model.optimizer
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and (
-        isinstance(inner, AGNOptimizer)
-    ):
-        return inner
-    if isinstance(optimizer, AGNOptimizer):
-        return optimizer
     raise ValueError(
         "InfNanCheck checks the gradients inside the training step of a "
         "`keras_clones.CloneModel`, or of a model compiled with "
@@ -123,8 +118,10 @@ class InfNanCheck(keras.callbacks.Callback):
     statistics stay bit-identical. The loss and metrics in the logs still
     see the step.
 
-    Skipped steps are counted in a `skipped_steps` metric (per epoch, like
-    every Keras metric; not saved with the model).
+    Skipped steps are counted in `skipped_steps` in the training logs (per
+    epoch, like every Keras metric; not saved with the model). The callback
+    adds it to the logs it is given, so the progress bar, `History` and the
+    callbacks after it in the list see it.
 
     It guards a `keras_clones.CloneModel` (any optimizer), where it checks
     the loss and the summed gradients, and a plain `keras.Model` compiled
@@ -158,23 +155,26 @@ class InfNanCheck(keras.callbacks.Callback):
                 f"Received: mode={mode!r}."
             )
         self.mode = mode
-        self._host = None
+        self._hooks = None
         self._guard = None
 
     def on_train_begin(self, logs=None):
-        self._host = _guard_host(self.model)
+        self._hooks = _step_hooks(self.model)
         optimizer = self.model.optimizer
         self._guard = _NonFiniteGuard(
             optimizer.iterations,
-            loss_scaled=isinstance(
-                optimizer, keras.optimizers.LossScaleOptimizer
-            ),
+            loss_scaled=optimizer_capabilities.loss_scaled(optimizer),
         )
-        self._host._non_finite_guard = self._guard
-        self._list_metric(True)
-        self.model.make_train_function(force=True)
+        step_hooks.attach(self.model, self._hooks, self._guard)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._guard.skipped_steps.reset_state()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._log_skipped_steps(logs)
 
     def on_train_batch_end(self, batch, logs=None):
+        self._log_skipped_steps(logs)
         if self.mode == "skip":
             return
         failure = self._guard.failure()
@@ -187,36 +187,18 @@ class InfNanCheck(keras.callbacks.Callback):
             self._detach()
             raise RuntimeError(failure)
 
-    def on_test_begin(self, logs=None):
-        self._list_metric(False)  # Validation has no gradients to check.
-
-    def on_test_end(self, logs=None):
-        self._list_metric(True)
-
     def on_train_end(self, logs=None):
         self._detach()
 
-    def _detach(self):
-        if self._host is None:
-            return
-        self._list_metric(False)
-        self._host._non_finite_guard = None
-        self._host = None
-        self.model.make_train_function(force=True)
+    def _log_skipped_steps(self, logs):
+        if logs is not None:
+            logs["skipped_steps"] = float(self._guard.skipped_steps.result())
 
-    def _list_metric(self, listed):
-        # `skipped_steps` reaches the logs as a model metric for the length
-        # of `fit` (the one private Keras attribute used here): a metric, so
-        # epoch logs stay epoch means; not a variable of the model, so it is
-        # not saved.
-        if self._guard is None or self._host is None:
+    def _detach(self):
+        if self._hooks is None:
             return
-        metrics = self.model._metrics
-        metric = self._guard.skipped_steps
-        if listed and metric not in metrics:
-            metrics.append(metric)
-        elif not listed and metric in metrics:
-            metrics.remove(metric)
+        step_hooks.detach(self.model, self._hooks, self._guard)
+        self._hooks = None
 
     def get_config(self):
         return {"mode": self.mode}

@@ -5,16 +5,17 @@ import os
 import keras
 import tensorflow as tf
 
+from keras_clones import step_hooks
 from keras_clones.clone_model import CloneModel
 
 
 class _StepRecorder:
     """Keeps what only the training step sees, for `LossSummaries` to write.
 
-    `CloneModel.train_step` calls `record` inside the traced step, on the
-    optimizer device, after summing the clones' gradients and before the
-    update. A plain object (not a layer), so nothing it holds becomes a model
-    weight or is saved.
+    A step hook (`keras_clones.step_hooks`): `CloneModel.train_step` calls
+    `observe` inside the traced step, on the optimizer device, after summing
+    the clones' gradients and before the update. A plain object (not a
+    layer), so nothing it holds becomes a model weight or is saved.
     """
 
     def __init__(self, model, summarize_gradients):
@@ -36,8 +37,9 @@ class _StepRecorder:
         # filled when the step is traced.
         self.gradients = []
 
-    def record(self, grads, variables):
+    def observe(self, step):
         """Records one step's regularization loss and gradients."""
+        grads, variables = step.grads, step.variables
         # Weight regularizers only, as model_deploy's REGULARIZATION_LOSSES.
         penalties = [
             tf.cast(v.regularizer(v), "float32")
@@ -155,9 +157,7 @@ class LossSummaries(keras.callbacks.Callback):
                 "`keras.callbacks.TensorBoard` for other models."
             )
         self._recorder = _StepRecorder(self.model, self.summarize_gradients)
-        self.model._step_recorder = self._recorder
-        # Retrace the step so that it calls the recorder.
-        self.model.make_train_function(force=True)
+        step_hooks.attach(self.model, self.model.step_hooks, self._recorder)
         self._train_writer = tf.summary.create_file_writer(
             os.path.join(self.log_dir, "train")
         )
@@ -193,8 +193,7 @@ class LossSummaries(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._train_writer.close()
         self._val_writer.close()
-        self.model._step_recorder = None
-        self.model.make_train_function(force=True)
+        step_hooks.detach(self.model, self.model.step_hooks, self._recorder)
         self._recorder = None
 
     def _write_train(self, logs):

@@ -3,12 +3,12 @@
 import keras
 import numpy as np
 
+from keras_clones import optimizer_capabilities
 from keras_clones.agn import AGNOptimizer
 
 
 def _agn_optimizer(optimizer):
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        optimizer = optimizer.inner_optimizer
+    optimizer = optimizer_capabilities.unwrapped(optimizer)
     return optimizer if isinstance(optimizer, AGNOptimizer) else None
 
 

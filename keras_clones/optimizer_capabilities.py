@@ -1,0 +1,46 @@
+"""What a `CloneModel` and the callbacks ask of an optimizer, by protocol.
+
+Never by type: an optimizer offers a capability by having the attribute
+(`communication_rounds`, `step_hooks`, `replicable`), and a
+`LossScaleOptimizer` offers those of the optimizer it wraps.
+"""
+
+import keras
+import tensorflow as tf
+
+
+def unwrapped(optimizer):
+    """The optimizer a `LossScaleOptimizer` wraps, else `optimizer`."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.inner_optimizer
+    return optimizer
+
+
+def loss_scaled(optimizer):
+    """Whether `optimizer` scales the loss (and skips overflowing steps)."""
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def communication_rounds(optimizer):
+    """The synchronisations the optimizer counts (an `AGNOptimizer`'s), as a
+    tensor, or None."""
+    rounds = getattr(unwrapped(optimizer), "communication_rounds", None)
+    return None if rounds is None else tf.convert_to_tensor(rounds)
+
+
+def step_hooks(optimizer):
+    """The optimizer's `keras_clones.step_hooks.StepHooks`, or None."""
+    return getattr(unwrapped(optimizer), "step_hooks", None)
+
+
+def copies_can_apply(optimizer):
+    """Whether per-device copies of the optimizer may each apply the update
+    to their copy of the variables (replicated variables).
+
+    Not when its state must exist once (`replicable = False`, as
+    `AGNOptimizer`'s centers and accumulators), nor under weight decay,
+    whose exclusions a copy would not know: then the copies take the
+    model's updated values instead.
+    """
+    optimizer = unwrapped(optimizer)
+    return getattr(optimizer, "replicable", True) and not optimizer.weight_decay
