@@ -7,7 +7,8 @@ import keras
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
-from keras_clones import distribute
+from keras_clones.multi_worker import collectives
+from keras_clones.multi_worker import topology
 from keras_clones.step_hooks import Step
 from keras_clones.step_hooks import StepHooks
 
@@ -590,12 +591,12 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         )
         strategy = tf.distribute.get_strategy()
         workers = strategy.num_replicas_in_sync
-        if workers > 1 and distribute.one_replica_per_worker(strategy):
+        if workers > 1 and topology.one_replica_per_worker(strategy):
             # Workers train locally between synchronisations, each on the
             # gradient of its own batch (Keras divides it by the workers).
             with internals.without_gradient_all_reduce(self.inner_optimizer):
                 self.inner_optimizer.apply(
-                    [distribute.scaled(g, workers) for g in grads], variables
+                    [collectives.scaled(g, workers) for g in grads], variables
                 )
         else:
             self.inner_optimizer.apply(grads, variables)

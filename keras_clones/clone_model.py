@@ -8,10 +8,15 @@ import keras
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
-from keras_clones import distribute
 from keras_clones import optimizer_capabilities
 from keras_clones import replication
 from keras_clones.deployment import DeploymentConfig
+from keras_clones.multi_worker import agreement
+from keras_clones.multi_worker import collectives
+from keras_clones.multi_worker import files
+from keras_clones.multi_worker import functions
+from keras_clones.multi_worker import topology
+from keras_clones.multi_worker import worker
 from keras_clones.step_hooks import Step
 from keras_clones.step_hooks import StepHooks
 
@@ -274,7 +279,7 @@ class CloneModel(keras.Model):
         # Also makes the clones' loss trackers (`_CloneLosses`).
         self.deployment = deployment or DeploymentConfig()
         replicas = self.distribute_strategy.num_replicas_in_sync
-        if replicas > 1 and not distribute.one_replica_per_worker(
+        if replicas > 1 and not topology.one_replica_per_worker(
             self.distribute_strategy
         ):
             raise ValueError(
@@ -316,7 +321,7 @@ class CloneModel(keras.Model):
         strategy = self.distribute_strategy
         # Before the clones' loss trackers create variables that the workers
         # initialise together.
-        distribute.check_same_on_every_worker(
+        agreement.check_same_on_every_worker(
             strategy, "the deployment", deployment.get_config()
         )
         self._deployment = deployment
@@ -354,10 +359,10 @@ class CloneModel(keras.Model):
     def make_train_function(self, force=False):
         self._check_deployment()
         self._prepare_replicas()
-        if not distribute.across_workers(self.distribute_strategy):
+        if not topology.across_workers(self.distribute_strategy):
             return super().make_train_function(force)
         if self.train_function is None or force:
-            self.train_function = distribute.train_function(self)
+            self.train_function = functions.train_function(self)
         return self.train_function
 
     def _prepare_replicas(self):
@@ -464,8 +469,8 @@ class CloneModel(keras.Model):
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         _loss_reduction(self.loss)  # Refuses what cannot split, first.
         strategy = self.distribute_strategy
-        if distribute.across_workers(strategy) and iterator is not None:
-            return distribute.build_from_local_batch(self, iterator)
+        if topology.across_workers(strategy) and iterator is not None:
+            return functions.build_from_local_batch(self, iterator)
         if self.built:
             return super()._maybe_symbolic_build(iterator, data_batch)
         # Without a strategy Keras builds a model when its step is first
@@ -520,7 +525,7 @@ class CloneModel(keras.Model):
             loss = tf.add_n(run.contributions)
             y_pred = _merge_outputs(run.y_preds, [c.size for c in clones])
         logs = self._logs(x, y, y_pred, sample_weight, batch_size, loss)
-        return distribute.worker_logs(self.distribute_strategy, logs)
+        return functions.worker_logs(self.distribute_strategy, logs)
 
     def predict_step(self, data):
         _, _, clones = self._split(data)
@@ -604,7 +609,7 @@ class CloneModel(keras.Model):
         strategy = self.distribute_strategy
         if strategy.num_replicas_in_sync > 1:
             if optimizer_capabilities.loss_scaled(self.optimizer):
-                grads = distribute.agree_on_overflow(grads)
+                grads = collectives.agree_on_overflow(grads)
             run.state.average_across_workers()
         return grads
 
@@ -673,7 +678,7 @@ class CloneModel(keras.Model):
 
     def fit(self, *args, **kwargs):
         with self._logging_for_fit(True):
-            return distribute.run_as_worker(self, super().fit, args, kwargs)
+            return worker.run_as_worker(self, super().fit, args, kwargs)
 
     def evaluate(self, *args, **kwargs):
         # `fit` validates with its own `CallbackList`; its logs get
@@ -682,9 +687,7 @@ class CloneModel(keras.Model):
             kwargs.get("callbacks"), keras.callbacks.CallbackList
         )
         with self._logging_for_fit(False):
-            logs = distribute.run_as_worker(
-                self, super().evaluate, args, kwargs
-            )
+            logs = worker.run_as_worker(self, super().evaluate, args, kwargs)
         if validation and isinstance(logs, dict):
             for name, value in self._clone_losses.results().items():
                 logs[name] = float(value)
@@ -699,7 +702,7 @@ class CloneModel(keras.Model):
         return internals.flatten_metrics_in_order(self, logs)
 
     def predict(self, *args, **kwargs):
-        return distribute.run_as_worker(self, super().predict, args, kwargs)
+        return worker.run_as_worker(self, super().predict, args, kwargs)
 
     def save(self, filepath, *args, **kwargs):
         if str(filepath).endswith((".h5", ".hdf5")):
@@ -709,11 +712,11 @@ class CloneModel(keras.Model):
                 "Keras format instead: `model.save('model.keras')`. "
                 f"Received: filepath={filepath!r}."
             )
-        with distribute.write_path(self.distribute_strategy, filepath) as path:
+        with files.write_path(self.distribute_strategy, filepath) as path:
             return super().save(path, *args, **kwargs)
 
     def save_weights(self, filepath, *args, **kwargs):
-        with distribute.write_path(self.distribute_strategy, filepath) as path:
+        with files.write_path(self.distribute_strategy, filepath) as path:
             return super().save_weights(path, *args, **kwargs)
 
     def get_config(self):

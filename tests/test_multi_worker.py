@@ -1,7 +1,6 @@
 """Multi-worker CloneModel on tf.distribute, against one process."""
 
 import contextlib
-import inspect
 import os
 import pathlib
 import re
@@ -11,8 +10,6 @@ import time
 
 import numpy as np
 import pytest
-from keras.src.backend.tensorflow.optimizer import TFOptimizer
-from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
 WORKERS = pathlib.Path(__file__).parent / "workers"
 WORKER = WORKERS / "clone_model_worker.py"
@@ -289,18 +286,3 @@ def test_workers_that_disagree_fail_with_a_clear_error():
         assert (
             f'layers[1].config.activation (here: "{activation}")' in output
         ), output[-6000:]
-
-
-def test_the_private_keras_methods_relied_on_still_exist():
-    # keras_clones.distribute overrides `_maybe_symbolic_build`, calls
-    # `_symbolic_build` and shadows `_all_reduce_sum_gradients` for
-    # multi-worker training; a Keras upgrade that changes them must fail
-    # here, not in a cluster.
-    signature = inspect.signature(TensorFlowTrainer._maybe_symbolic_build)
-    assert list(signature.parameters) == ["self", "iterator", "data_batch"]
-    signature = inspect.signature(TensorFlowTrainer._symbolic_build)
-    assert "data_batch" in signature.parameters
-    signature = inspect.signature(TFOptimizer._all_reduce_sum_gradients)
-    assert list(signature.parameters) == ["self", "grads_and_vars"]
-    source = inspect.getsource(TFOptimizer._backend_update_step)
-    assert "self._all_reduce_sum_gradients(" in source

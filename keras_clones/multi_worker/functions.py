@@ -1,0 +1,98 @@
+"""The train function across workers, and what building and logging need."""
+
+import tensorflow as tf
+
+from keras_clones import _keras_internals as internals
+from keras_clones.multi_worker import topology
+
+
+def train_function(model):
+    """`model`'s train function across workers, which averages the logs
+    across workers once per execution (`steps_per_execution` steps), in one
+    all-reduce.
+
+    Keras's own averages each log after every step, with two all-reduces
+    per entry: between the synchronisations of `AGNOptimizer`, the only
+    communication left, and on a few cores as slow as a step. Like Keras's,
+    it runs an execution's steps in one graph, returns the logs of its last
+    step, and ends the epoch (`OutOfRangeError`) when the data ran out
+    before its first step.
+    """
+    strategy = model.distribute_strategy
+
+    def one_step(data):
+        # Keras's data adapters stand for a missing element (no sample
+        # weights) with an empty `Optional`.
+        data = tf.nest.map_structure(
+            lambda v: None if isinstance(v, tf.experimental.Optional) else v,
+            data,
+        )
+        return strategy.run(model.train_step, args=(data,))
+
+    if model.jit_compile:
+        one_step = tf.function(one_step, jit_compile=True)
+
+    def function(iterator):
+        logs = one_step(iterator.get_next())
+        if model.steps_per_execution > 1:  # Else no loop in the graph.
+            for _ in tf.range(model.steps_per_execution - 1):
+                optional = iterator.get_next_as_optional()
+                if not optional.has_value():
+                    break
+                logs = one_step(optional.get_value())
+        return strategy.experimental_local_results(
+            strategy.run(_packed_mean, args=(logs,))
+        )[0]
+
+    if model.run_eagerly:
+        return function
+    return tf.function(function, reduce_retracing=True)
+
+
+def _packed_mean(logs):
+    """The mean of each log across replicas, from one all-reduce."""
+    flat = [tf.convert_to_tensor(v) for v in tf.nest.flatten(logs)]
+    if not flat:
+        return logs
+    # float64 holds every float32 and int32 exactly.
+    packed = tf.concat(
+        [tf.reshape(tf.cast(v, "float64"), [-1]) for v in flat], 0
+    )
+    mean = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.MEAN, packed
+    )
+    parts = tf.split(mean, [tf.size(v) for v in flat])
+    return tf.nest.pack_sequence_as(
+        logs,
+        [
+            tf.cast(tf.reshape(p, tf.shape(v)), v.dtype)
+            for p, v in zip(parts, flat)
+        ],
+    )
+
+
+def worker_logs(strategy, logs):
+    """Gives 0-d logs the axis along which Keras's test function averages
+    the workers'."""
+    if not topology.across_workers(strategy):
+        return logs
+    return tf.nest.map_structure(
+        lambda v: tf.reshape(v, [1]) if v.shape.rank == 0 else v, logs
+    )
+
+
+def build_from_local_batch(model, iterator):
+    """Builds `model` from this worker's first batch.
+
+    Keras's `_maybe_symbolic_build` builds from the mean of all replicas'
+    first batches, a reduction that multi-worker strategies cannot run
+    eagerly; the shapes of this worker's batch are all that building needs.
+    """
+    strategy = model.distribute_strategy
+    for _, _, it in iterator:
+        data_batch = tf.nest.map_structure(
+            lambda v: strategy.experimental_local_results(v)[0], next(it)
+        )
+        break
+    with strategy.scope():
+        internals.symbolic_build(model, data_batch=data_batch)
