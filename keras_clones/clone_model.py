@@ -362,7 +362,7 @@ class CloneModel(keras.Model):
         if not topology.across_workers(self.distribute_strategy):
             return super().make_train_function(force)
         if self.train_function is None or force:
-            self.train_function = functions.train_function(self)
+            self.train_function = functions.step_function(self, self.train_step)
         return self.train_function
 
     def _prepare_replicas(self):
@@ -398,7 +398,11 @@ class CloneModel(keras.Model):
 
     def make_test_function(self, force=False):
         self._check_deployment()
-        return super().make_test_function(force)
+        if not topology.across_workers(self.distribute_strategy):
+            return super().make_test_function(force)
+        if self.test_function is None or force:
+            self.test_function = functions.step_function(self, self.test_step)
+        return self.test_function
 
     def make_predict_function(self, force=False):
         self._check_deployment()
@@ -524,8 +528,7 @@ class CloneModel(keras.Model):
         with tf.device(self._deployment.optimizer_device()):
             loss = tf.add_n(run.contributions)
             y_pred = _merge_outputs(run.y_preds, [c.size for c in clones])
-        logs = self._logs(x, y, y_pred, sample_weight, batch_size, loss)
-        return functions.worker_logs(self.distribute_strategy, logs)
+        return self._logs(x, y, y_pred, sample_weight, batch_size, loss)
 
     def predict_step(self, data):
         _, _, clones = self._split(data)

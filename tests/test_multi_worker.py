@@ -89,9 +89,13 @@ def test_two_workers_of_two_clones_match_one_device_on_the_global_batch(
         # The logs show the loss of the global batch: at the end of every
         # epoch and, averaged across workers once per execution, of every
         # execution (plain: 3 steps, then the epoch's last step; bn: 1).
+        # So does `evaluate`: at every execution (plain: 3 steps, then 1),
+        # and the loss it returns, last.
         for name, executions in (("plain", 2 * 2), ("bn", 2 * 4)):
             assert worker[f"{name}_batch_loss"].shape == (executions,)
-            for logs in ("loss", "batch_loss"):
+            evaluations = 2 + 1 if name == "plain" else 4 + 1
+            assert worker[f"{name}_evaluate_loss"].shape == (evaluations,)
+            for logs in ("loss", "batch_loss", "evaluate_loss"):
                 np.testing.assert_allclose(
                     worker[f"{name}_{logs}"],
                     reference[f"{name}_{logs}"],

@@ -1,18 +1,17 @@
-"""The train function across workers, and what building and logging need."""
+"""The train and test functions across workers, and building."""
 
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
-from keras_clones.multi_worker import topology
 
 
-def train_function(model):
-    """`model`'s train function across workers, which averages the logs
-    across workers once per execution (`steps_per_execution` steps), in one
-    all-reduce.
+def step_function(model, step):
+    """`model`'s train (`step=model.train_step`) or test function across
+    workers, which averages the logs across workers once per execution
+    (`steps_per_execution` steps), in one all-reduce.
 
-    Keras's own averages each log after every step, with two all-reduces
-    per entry: between the synchronisations of `AGNOptimizer`, the only
+    Keras's own reduce each log after every step, with two collectives per
+    entry: between the synchronisations of `AGNOptimizer`, the only
     communication left, and on a few cores as slow as a step. Like Keras's,
     it runs an execution's steps in one graph, returns the logs of its last
     step, and ends the epoch (`OutOfRangeError`) when the data ran out
@@ -27,7 +26,7 @@ def train_function(model):
             lambda v: None if isinstance(v, tf.experimental.Optional) else v,
             data,
         )
-        return strategy.run(model.train_step, args=(data,))
+        return strategy.run(step, args=(data,))
 
     if model.jit_compile:
         one_step = tf.function(one_step, jit_compile=True)
@@ -68,16 +67,6 @@ def _packed_mean(logs):
             tf.cast(tf.reshape(p, tf.shape(v)), v.dtype)
             for p, v in zip(parts, flat)
         ],
-    )
-
-
-def worker_logs(strategy, logs):
-    """Gives 0-d logs the axis along which Keras's test function averages
-    the workers'."""
-    if not topology.across_workers(strategy):
-        return logs
-    return tf.nest.map_structure(
-        lambda v: tf.reshape(v, [1]) if v.shape.rank == 0 else v, logs
     )
 
 

@@ -54,7 +54,8 @@ def clone_model(batch_norm, num_clones):
 
 def train(model, steps_per_execution=1):
     """Trains `model`; its loss at the end of every epoch and every
-    execution (an array of the logs as they are: 0-d ones make it 1-d)."""
+    execution (an array of the logs as they are: 0-d ones make it 1-d), then
+    `evaluate`'s loss, at every execution and as returned."""
     with model.distribute_strategy.scope():
         model.compile(
             keras.optimizers.SGD(0.05, momentum=0.9),
@@ -69,14 +70,24 @@ def train(model, steps_per_execution=1):
         )
     )
     history = model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=[record])
-    return history.history["loss"], batch_losses
+    evaluate_losses = []
+    record = keras.callbacks.LambdaCallback(
+        on_test_batch_end=lambda batch, logs: evaluate_losses.append(
+            np.asarray(logs["loss"])
+        )
+    )
+    evaluated = model.evaluate(dataset, verbose=0, callbacks=[record])
+    evaluate_losses.append(np.asarray(evaluated))
+    return history.history["loss"], batch_losses, evaluate_losses
 
 
 def save(path, **models_and_losses):
     arrays = {}
-    for name, (model, (loss, batch_loss)) in models_and_losses.items():
+    for name, (model, losses) in models_and_losses.items():
+        loss, batch_loss, evaluate_loss = losses
         arrays[f"{name}_loss"] = np.array(loss)
         arrays[f"{name}_batch_loss"] = np.array(batch_loss)
+        arrays[f"{name}_evaluate_loss"] = np.array(evaluate_loss)
         for i, weight in enumerate(model.weights):
             arrays[f"{name}_{i}"] = weight.numpy()
     np.savez(path, **arrays)
