@@ -149,6 +149,8 @@ class _ClonesRun(typing.NamedTuple):
     """What running the clones gives (`CloneModel._run_clones`)."""
 
     contributions: list  # Each clone's share of the batch loss.
+    losses: list  # Each clone's loss on its slice (`clone_i_loss`).
+    sizes: list  # Each clone's rows.
     y_preds: list  # Each clone's predictions on its slice.
     grads: list  # In training, each clone's gradients.
     state: _StateUpdate
@@ -515,10 +517,12 @@ class CloneModel(keras.Model):
             grads = self._combine(run)
             loss = tf.add_n(run.contributions)
             # Apply once, through the step hooks (a guard may skip it).
-            self._apply(run, grads, loss)
-            y_pred = _merge_outputs(run.y_preds, [c.size for c in clones])
+            applied = self._apply(run, grads, loss)
+            y_pred = _merge_outputs(run.y_preds, run.sizes)
         # Logs, as a plain model reports them (`clone_i_loss` in fit's).
-        logs = self._logs(x, y, y_pred, sample_weight, batch_size, loss)
+        logs = self._logs(
+            (x, y, sample_weight), y_pred, batch_size, run, applied
+        )
         logs.update(self._fit_only_logs())
         return logs
 
@@ -526,9 +530,8 @@ class CloneModel(keras.Model):
         (x, y, sample_weight), batch_size, clones = self._split(data)
         run = self._run_clones(clones, training=False)
         with tf.device(self._deployment.optimizer_device()):
-            loss = tf.add_n(run.contributions)
-            y_pred = _merge_outputs(run.y_preds, [c.size for c in clones])
-        return self._logs(x, y, y_pred, sample_weight, batch_size, loss)
+            y_pred = _merge_outputs(run.y_preds, run.sizes)
+        return self._logs((x, y, sample_weight), y_pred, batch_size, run)
 
     def predict_step(self, data):
         _, _, clones = self._split(data)
@@ -555,7 +558,7 @@ class CloneModel(keras.Model):
         if replicas is not None:
             replicas.sync_if_stale()
         state = _StateUpdate(self._state_variables() if training else [])
-        run = _ClonesRun([], [], [], state)
+        run = _ClonesRun([], [], [], [], [], state)
         for i, clone in enumerate(clones):
             copies = None if replicas is None else replicas.scope(i)
             tape = tf.GradientTape() if training else contextlib.nullcontext()
@@ -579,8 +582,9 @@ class CloneModel(keras.Model):
                     run.grads.append(tape.gradient(scaled, variables))
                     state.keep_clone_update(clone.share, copies)
             run.contributions.append(contribution)
+            run.losses.append(loss)
+            run.sizes.append(clone.size)
             run.y_preds.append(y_pred)
-            self._clone_losses.update(i, self._unscaled(loss), clone.size)
         return run
 
     def _forward(self, i, clone, training):
@@ -618,7 +622,9 @@ class CloneModel(keras.Model):
 
     def _apply(self, run, grads, loss):
         """Phase 4: the state update and one optimizer update, through the
-        step hooks: observers see the step, and a guard may skip it."""
+        step hooks: observers see the step, and a guard may skip it.
+        Returns whether it applied (a boolean tensor), or None without a
+        guard."""
         trainable = self.trainable_variables
 
         def apply_gradients():
@@ -635,20 +641,33 @@ class CloneModel(keras.Model):
         # A LossScaleOptimizer must see a skipped step's overflow, to lower
         # its scale; it skips its inner optimizer's update itself.
         loss_scaled = optimizer_capabilities.loss_scaled(self.optimizer)
-        self._step_hooks.run(
+        return self._step_hooks.run(
             Step(grads, trainable, loss, tuple(run.contributions)),
             update,
             on_skip=apply_gradients if loss_scaled else None,
         )
 
-    def _logs(self, x, y, y_pred, sample_weight, batch_size, loss):
-        """Phase 5: the loss and compiled metrics on the whole batch."""
-        internals.loss_tracker(self).update_state(
-            self._unscaled(loss), sample_weight=batch_size
-        )
-        return dict(
-            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        )
+    def _logs(self, data, y_pred, batch_size, run, applied=None):
+        """Phase 5: the loss and compiled metrics on the whole batch, and
+        each clone's loss, as a plain model logs them. A step that a guard
+        skipped (`applied` false) is left out, so that the epoch's logs are
+        means over the applied steps."""
+        x, y, sample_weight = data
+
+        def update():
+            for i, (loss, rows) in enumerate(zip(run.losses, run.sizes)):
+                self._clone_losses.update(i, self._unscaled(loss), rows)
+            internals.loss_tracker(self).update_state(
+                self._unscaled(tf.add_n(run.contributions)),
+                sample_weight=batch_size,
+            )
+            return self.compute_metrics(
+                x, y, y_pred, sample_weight=sample_weight
+            )
+
+        if applied is None:
+            return dict(update())
+        return dict(tf.cond(applied, update, self.get_metrics_result))
 
     def _fit_only_logs(self):
         """What `fit` logs beyond the metrics: `clone_i_loss` (and an

@@ -5,9 +5,9 @@ A `CloneModel` and an `AGNOptimizer` each have `step_hooks`, a
 work to their training step. Two kinds of hook, told apart by their method:
 
 - a **guard** (at most one), `apply_if(step, update, on_skip)`: decides
-  inside the step whether `update()` (the optimizer's update) runs, and
-  calls `on_skip()` (if given) when it does not
-  (`keras_clones.callbacks.InfNanCheck`);
+  inside the step whether `update()` (the optimizer's update) runs, calls
+  `on_skip()` (if given) when it does not, and returns whether it did (a
+  boolean tensor) (`keras_clones.callbacks.InfNanCheck`);
 - **observers**, `observe(step)`: see the step's combined gradients and
   per-clone losses before the update (`keras_clones.callbacks.LossSummaries`).
 
@@ -79,14 +79,19 @@ class StepHooks:
 
     def run(self, step, update, on_skip=None):
         """Called by the host inside its step: the observers see `step`,
-        then `update()` runs, through the guard if there is one."""
+        then `update()` runs, through the guard if there is one.
+
+        Returns:
+            None without a guard (the update ran), else the guard's boolean
+            tensor: whether the update ran.
+        """
         self._traced = self._registered()
         for observer in self._observers:
             observer.observe(step)
         if self._guard is None:
             update()
-        else:
-            self._guard.apply_if(step, update, on_skip)
+            return None
+        return self._guard.apply_if(step, update, on_skip)
 
     def traced_with_other_hooks(self):
         """Whether the host's step was last traced with other hooks."""

@@ -85,6 +85,28 @@ def test_clone_model_skip_changes_nothing_and_counts():
     assert_same_state(guarded, reference)
 
 
+def test_clone_model_logs_are_means_over_the_applied_steps():
+    # Within 1e-6 of the same run without the nan batch: the skipped step's
+    # nan loss, metrics and clone losses are left out of the epoch's logs.
+    def fitted(with_nan, callbacks=()):
+        model = clone_model()
+        model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
+        return model.fit(
+            *data(with_nan),
+            batch_size=BATCH,
+            epochs=2,
+            shuffle=False,
+            verbose=0,
+            callbacks=list(callbacks),
+        ).history
+
+    guarded = fitted(True, [InfNanCheck()])
+    reference = fitted(False)
+    for key in ("loss", "mae", "clone_0_loss", "clone_1_loss"):
+        assert np.all(np.isfinite(guarded[key])), key
+        np.testing.assert_allclose(guarded[key], reference[key], atol=1e-6)
+
+
 def test_agn_skip_changes_nothing_in_a_plain_model():
     def optimizer():
         return AGNOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), 4)

@@ -33,7 +33,8 @@ class _NonFiniteGuard:
 
     def apply_if(self, step, update, on_skip=None):
         """Runs `update()` if `step`'s loss and gradients are finite, else
-        `on_skip()` (if given); counts and records the skip."""
+        `on_skip()` (if given); counts and records the skip, and returns
+        whether the update ran."""
         loss = step.loss
         names, values = [], []
         if loss is not None:
@@ -69,6 +70,7 @@ class _NonFiniteGuard:
         self.failed_step.assign(
             tf.where(first, tf.cast(step, "int64"), self.failed_step)
         )
+        return all_finite
 
     def failure(self):
         """What failed first, as a sentence, or None (read on the host)."""
@@ -115,7 +117,10 @@ class InfNanCheck(keras.callbacks.Callback):
     clone). A step whose loss or gradients hold an inf or a nan changes no
     variable: model weights, optimizer slots and iterations, AGN centers,
     accumulators and local step, and a `CloneModel`'s BatchNormalization
-    statistics stay bit-identical. The loss and metrics in the logs still
+    statistics stay bit-identical. In a `CloneModel` the step is left out
+    of the logs too: the loss, metrics and `clone_i_loss` are means over the
+    applied steps. A plain `keras.Model` (with `AGNOptimizer`) updates its
+    loss and metrics before the optimizer runs, so there Keras's logs still
     see the step.
 
     Skipped steps are counted in `skipped_steps` in the training logs (per
