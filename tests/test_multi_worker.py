@@ -19,6 +19,7 @@ LOST_WORKER = WORKERS / "lost_worker.py"
 ARRAY_WORKER = WORKERS / "array_worker.py"
 MISMATCH_WORKER = WORKERS / "mismatch_worker.py"
 LSO_WORKER = WORKERS / "lso_worker.py"
+INF_NAN_WORKER = WORKERS / "inf_nan_worker.py"
 LAUNCH = ("-m", "keras_clones.launch", "--workers", "2")
 
 
@@ -270,6 +271,32 @@ def test_loss_scaling_skips_a_step_on_every_worker_alike(tmp_path):
         worker = np.load(tmp_path / f"lso_{i}.npz")
         for name in reference.files:
             np.testing.assert_allclose(worker[name], reference[name], atol=1e-5)
+
+
+def test_inf_nan_check_skips_a_step_on_every_worker_when_one_is_not_finite(
+    tmp_path,
+):
+    # A nan in worker 1's slice only. SGD: both workers skip the step, hold
+    # bit-identical weights, and match one process trained without that
+    # batch (within 1e-5), logs included; `skipped_steps` is 1 per epoch
+    # on both.
+    # AGN(2): the workers agree as well.
+    with reference_alongside(INF_NAN_WORKER, tmp_path):
+        run(*LAUNCH, str(INF_NAN_WORKER), str(tmp_path))
+    reference = np.load(tmp_path / "inf_nan_reference.npz")
+    workers = [np.load(tmp_path / f"inf_nan_{i}.npz") for i in range(2)]
+    for name in workers[0].files:
+        np.testing.assert_array_equal(workers[0][name], workers[1][name])
+    for worker in workers:
+        np.testing.assert_array_equal(worker["sgd_skipped_steps"], [1, 1])
+        np.testing.assert_array_equal(worker["agn_skipped_steps"], [1, 1])
+        for name in reference.files:
+            if name != "sgd_skipped_steps":
+                np.testing.assert_allclose(
+                    worker[name], reference[name], atol=1e-5, err_msg=name
+                )
+        for name in worker.files:
+            assert np.all(np.isfinite(worker[name])), name
 
 
 def test_workers_that_disagree_fail_with_a_clear_error():

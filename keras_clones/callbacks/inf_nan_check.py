@@ -5,6 +5,8 @@ import tensorflow as tf
 
 from keras_clones import optimizer_capabilities
 from keras_clones import step_hooks
+from keras_clones.multi_worker import collectives
+from keras_clones.multi_worker import topology
 
 _MODES = ("skip", "stop", "raise")
 
@@ -48,22 +50,34 @@ class _NonFiniteGuard:
                 values.append(
                     grad.values if isinstance(grad, tf.IndexedSlices) else grad
                 )
-        self.check_names = names
         step = tf.identity(self.step_counter)
-        finite = tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+        finite = [tf.reduce_all(tf.math.is_finite(v)) for v in values]
         all_finite = tf.reduce_all(finite)
-        tf.cond(all_finite, update, on_skip or (lambda: None))
+        loss_finite = finite[0] if loss is not None else tf.constant(True)
+        cond = tf.cond
+        if topology.across_workers(tf.distribute.get_strategy()):
+            # Every worker skips the step when any worker's is not finite.
+            all_finite, loss_finite = collectives.on_every_worker(
+                [all_finite, loss_finite]
+            )
+            names.append("the loss or a gradient on another worker")
+            finite.append(all_finite)
+            cond = collectives.cond_on_every_worker
+        self.check_names = names
+        cond(all_finite, update, on_skip or (lambda: None))
         self.skipped_steps.update_state(
             tf.cast(tf.logical_not(all_finite), "float32")
         )
         failed = tf.logical_not(all_finite)
         if self.loss_scaled:
-            failed = tf.logical_not(finite[0]) if loss is not None else False
+            failed = tf.logical_not(loss_finite)
         first = tf.logical_and(failed, self.failed_step < 0)
         self.failed_check.assign(
             tf.where(
                 first,
-                tf.argmin(tf.cast(finite, "int32"), output_type="int64"),
+                tf.argmin(
+                    tf.cast(tf.stack(finite), "int32"), output_type="int64"
+                ),
                 self.failed_check,
             )
         )
@@ -86,12 +100,15 @@ class _NonFiniteGuard:
 
 def _step_hooks(model):
     """The step hooks of the training step that runs the check."""
-    replicas = model.distribute_strategy.num_replicas_in_sync
-    if replicas > 1:
+    strategy = model.distribute_strategy
+    replicas = strategy.num_replicas_in_sync
+    if replicas > 1 and not topology.one_replica_per_worker(strategy):
         raise ValueError(
             "InfNanCheck cannot guard a model trained under a tf.distribute "
-            f"strategy with {replicas} replicas. Train a "
-            "`keras_clones.CloneModel` on several devices instead."
+            f"strategy with {replicas} replicas on this machine. Train a "
+            "`keras_clones.CloneModel` on several devices instead (across "
+            "machines: under MultiWorkerMirroredStrategy, one device per "
+            "worker)."
         )
     hooks = step_hooks.host_of(model)
     if hooks is not None:

@@ -28,11 +28,37 @@ def agree_on_overflow(grads):
     finite = tf.reduce_all(
         [tf.reduce_all(tf.math.is_finite(v)) for v in values]
     )
-    overflows = tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), "float32")
-    )
-    factor = tf.where(overflows > 0, float("nan"), 1.0)
+    (finite,) = on_every_worker([finite])
+    factor = tf.where(finite, 1.0, float("nan"))
     return [
         None if g is None else scaled(g, tf.cast(factor, g.dtype))
         for g in grads
     ]
+
+
+def on_every_worker(flags):
+    """Whether each boolean of `flags` holds on every worker, from one
+    all-reduce (in a replica context)."""
+    failures = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM,
+        tf.cast(tf.logical_not(tf.stack(flags)), "float32"),
+    )
+    return tf.unstack(tf.equal(failures, 0.0))
+
+
+def cond_on_every_worker(pred, true_fn, false_fn):
+    """`tf.cond(pred, true_fn, false_fn)` in a replica context where the
+    branches communicate (an optimizer's `apply` all-reduces), as
+    `LossScaleOptimizer` does it: the `cond` runs in the cross-replica
+    context, where tf.distribute allows it, and each branch re-enters the
+    replica. `pred` must be the same on every worker."""
+
+    def cross_replica(distribution, pred):
+        pred = distribution.experimental_local_results(pred)[0]
+        tf.cond(
+            pred,
+            lambda: distribution.extended.call_for_each_replica(true_fn),
+            lambda: distribution.extended.call_for_each_replica(false_fn),
+        )
+
+    tf.distribute.get_replica_context().merge_call(cross_replica, args=(pred,))

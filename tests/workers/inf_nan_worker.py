@@ -1,0 +1,72 @@
+"""One worker of a 2-worker run with InfNanCheck (tests/test_multi_worker.py).
+
+A nan in one row of the data makes the loss and gradients of whichever
+worker gets it non-finite (worker 1's half of the third global batch), so
+both workers must skip that step. Each worker saves its weights and logs to
+`OUT/inf_nan_<i>.npz`, for a CloneModel with SGD and one with
+AGNOptimizer(period 2); with `--reference` one process trains the SGD
+CloneModel, 4 clones on the global batch, on the data without that batch.
+"""
+
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+from clone_model_worker import EPOCHS
+from clone_model_worker import GLOBAL_BATCH
+from clone_model_worker import clone_model
+from clone_model_worker import data
+from clone_model_worker import run
+
+import keras_clones
+
+NAN_ROW = 2 * GLOBAL_BATCH + GLOBAL_BATCH * 3 // 4  # Worker 1's half.
+
+
+def train(model, make_optimizer, with_nan):
+    x, y = data()
+    if with_nan:
+        x[NAN_ROW, 0] = np.nan
+    else:  # The reference: the same data without the nan batch.
+        keep = np.r_[: 2 * GLOBAL_BATCH, 3 * GLOBAL_BATCH : len(x)]
+        x, y = x[keep], y[keep]
+    with model.distribute_strategy.scope():
+        model.compile(make_optimizer(), "mse")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
+    callbacks = [keras_clones.callbacks.InfNanCheck()] if with_nan else []
+    history = model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=callbacks)
+    return {
+        "loss": np.array(history.history["loss"]),
+        "skipped_steps": np.array(history.history.get("skipped_steps", [])),
+        **{f"weight_{i}": w.numpy() for i, w in enumerate(model.weights)},
+    }
+
+
+def sgd():
+    return keras.optimizers.SGD(0.05, momentum=0.9)
+
+
+def agn_sgd():
+    return keras_clones.AGNOptimizer(sgd(), communication_period=2)
+
+
+def worker(out, index):
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        plain = clone_model(batch_norm=False, num_clones=2)
+        agn = clone_model(batch_norm=False, num_clones=2)
+    arrays = {f"sgd_{k}": v for k, v in train(plain, sgd, True).items()}
+    for k, v in train(agn, agn_sgd, True).items():
+        arrays[f"agn_{k}"] = v
+    np.savez(os.path.join(out, f"inf_nan_{index}.npz"), **arrays)
+
+
+def reference(out):
+    model = clone_model(batch_norm=False, num_clones=4)
+    arrays = {f"sgd_{k}": v for k, v in train(model, sgd, False).items()}
+    np.savez(os.path.join(out, "inf_nan_reference.npz"), **arrays)
+
+
+if __name__ == "__main__":
+    run(worker, reference)
