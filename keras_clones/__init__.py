@@ -21,7 +21,13 @@ def _require_tensorflow_backend(backend):
 
 
 __version__ = "0.1.0"
-__all__ = ["AGNOptimizer", "CloneModel", "DeploymentConfig", "callbacks"]
+__all__ = [
+    "AGNOptimizer",
+    "CloneModel",
+    "DeploymentConfig",
+    "callbacks",
+    "step_hooks",
+]
 
 # Checked before importing keras: another backend may fail to import at all.
 _require_tensorflow_backend(os.environ.get("KERAS_BACKEND", "tensorflow"))
@@ -32,6 +38,7 @@ if sys.argv[:1] != ["-m"]:
     _require_tensorflow_backend(keras.backend.backend())
 
     from keras_clones import callbacks
+    from keras_clones import step_hooks
     from keras_clones.agn import AGNOptimizer
     from keras_clones.clone_model import CloneModel
     from keras_clones.deployment import DeploymentConfig
