@@ -61,9 +61,27 @@ all-reduce; that is in every step's time.
 Two workers on a 2-core machine share the cores: TensorFlow's thread pools
 in each worker default to all cores, so the workers compete for them.
 
+`--evaluate` measures `Model.evaluate` instead of `fit` (none of the
+variants above run): steps per second of the same `CloneModel` (not
+trained; one clone per worker, SGD as above, only the loss as a metric) on
+1 and on 2 workers, compiled with `steps_per_execution=1` and with 10.
+Across workers a `CloneModel` evaluates with a test function of its own
+that averages the logs across workers once per execution, in one
+all-reduce, where Keras's averages every log entry after every step; on 2
+workers x10 therefore has one cross-worker collective per 10 steps where x1
+has one per step. The 1-worker pair is the control: there x10 saves only
+calls from Python, so the ratio x10 / x1 on 2 workers over the one on 1
+worker is what the fewer collectives add. Each worker runs E `evaluate`
+calls of S steps each on the data above (a new iterator per call); the
+first call (tracing) is not timed, and in each other call the steps/s run
+from the second execution's `on_test_batch_begin` to `on_test_end`
+(leaving out the first execution, which waits for the new iterator). The
+same R repeats, round robin, best-of and median; equal last losses of x1
+and x10 show that both average the same logs.
+
 Usage:
     python bench/multiworker.py [--quick] [--repeats R] [--steps S]
-                                [--epochs E]
+                                [--epochs E] [--evaluate]
 """
 
 import argparse
@@ -135,6 +153,25 @@ RATIOS = [
     (agn_name(1), KC_2, None),
 ]
 
+# --evaluate: `Model.evaluate` of an untrained `CloneModel` (as KC_1, KC_2).
+EVAL_1 = "evaluate 1w"
+EVAL_2 = "evaluate 2w"
+EVAL_1_X = f"{EVAL_1} x{EXECUTION}"
+EVAL_2_X = f"{EVAL_2} x{EXECUTION}"
+EVALUATE_VARIANTS = {
+    EVAL_1: ("keras_clones", 0, 1, 1),
+    EVAL_1_X: ("keras_clones", 0, 1, EXECUTION),
+    EVAL_2: ("keras_clones", 0, 2, 1),
+    EVAL_2_X: ("keras_clones", 0, 2, EXECUTION),
+}
+EVALUATE_RATIOS = [
+    (EVAL_2_X, EVAL_2, None),
+    (EVAL_1_X, EVAL_1, None),
+    (EVAL_2, EVAL_1, None),
+    (EVAL_2_X, EVAL_1_X, None),
+]
+ALL_VARIANTS = {**VARIANTS, **EVALUATE_VARIANTS}
+
 
 # The worker: one process of a launch.
 
@@ -146,6 +183,7 @@ def worker_main(argv):
     parser.add_argument("--steps-per-execution", type=int, default=1)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--epochs", type=int, required=True)
+    parser.add_argument("--evaluate", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["KERAS_BACKEND"] = "tensorflow"
@@ -203,18 +241,30 @@ def worker_main(argv):
             steps_per_execution=args.steps_per_execution,
         )
 
-    timer = step_timer(keras, optimizer if args.period else None)
-    model.fit(
-        dataset,
-        epochs=args.epochs,
-        steps_per_epoch=args.steps,
-        callbacks=[timer],
-        verbose=0,
-    )
-    if strategy.cluster_resolver.task_id == 0:
-        result = summarize(
-            timer.epochs[1:], args.period, args.steps_per_execution
+    if args.evaluate:
+        timer = evaluate_timer(keras)
+        for _ in range(args.epochs):
+            model.evaluate(
+                dataset, steps=args.steps, callbacks=[timer], verbose=0
+            )
+    else:
+        timer = step_timer(keras, optimizer if args.period else None)
+        model.fit(
+            dataset,
+            epochs=args.epochs,
+            steps_per_epoch=args.steps,
+            callbacks=[timer],
+            verbose=0,
         )
+    if strategy.cluster_resolver.task_id == 0:
+        if args.evaluate:
+            result = summarize_evaluate(
+                timer.calls[1:], args.steps_per_execution
+            )
+        else:
+            result = summarize(
+                timer.epochs[1:], args.period, args.steps_per_execution
+            )
         result["tensorflow"] = tf.__version__
         result["keras"] = keras.__version__
         library = keras if args.worker == "tf_keras" else keras_clones
@@ -250,6 +300,48 @@ def step_timer(keras, agn):
             self.epochs.append(self.current)
 
     return StepTimer()
+
+
+def evaluate_timer(keras):
+    """A callback with every `evaluate` call's execution timestamps."""
+
+    class EvaluateTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def on_test_begin(self, logs=None):
+            self.current = {"begins": []}
+
+        def on_test_batch_begin(self, batch, logs=None):
+            self.current["begins"].append(time.perf_counter())
+
+        def on_test_end(self, logs=None):
+            self.current["end"] = time.perf_counter()
+            self.current["loss"] = float(logs["loss"])
+            self.calls.append(self.current)
+
+    return EvaluateTimer()
+
+
+def summarize_evaluate(calls, execution):
+    """Steps/s of the `evaluate` calls `calls` from each one's second
+    execution on, their last loss and median step time; the callbacks see
+    one step in `execution`."""
+    steps = execution * sum(len(c["begins"]) - 1 for c in calls)
+    seconds = sum(c["end"] - c["begins"][1] for c in calls)
+    gaps = [
+        (later - earlier) / execution
+        for c in calls
+        for earlier, later in zip(c["begins"], c["begins"][1:])
+    ]
+    return {
+        "steps": steps,
+        "seconds": seconds,
+        "steps_per_s": steps / seconds,
+        "loss": calls[-1]["loss"],
+        "median_step_ms": 1000 * statistics.median(gaps),
+    }
 
 
 def summarize(epochs, period, execution):
@@ -309,6 +401,12 @@ def parse_args():
         action="store_true",
         help="a smoke run: few steps, one repeat (under 90 s)",
     )
+    parser.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="measure `evaluate` (1 and 2 workers, steps_per_execution 1 "
+        "and 10) instead of `fit`; E is then the `evaluate` calls per run",
+    )
     args = parser.parse_args()
     if args.repeats is None:
         args.repeats = QUICK_REPEATS if args.quick else REPEATS
@@ -321,6 +419,11 @@ def parse_args():
         parser.error(f"--steps must be a multiple of {multiple}")
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (the first is not timed)")
+    if args.evaluate and args.steps < 2 * EXECUTION:
+        # Each call's first execution is not timed.
+        parser.error(
+            f"--steps must be at least {2 * EXECUTION} with --evaluate"
+        )
     return args
 
 
@@ -344,12 +447,13 @@ def launch_script():
 
 def run_variant(name, args):
     """Launches one variant; the chief's result, or None if it failed."""
-    kind, period, workers, execution = VARIANTS[name]
+    kind, period, workers, execution = ALL_VARIANTS[name]
     command = [sys.executable, launch_script(), "--workers", str(workers)]
     command += ["--grace-period", "10", __file__, WORKER_FLAG, kind]
     command += ["--period", str(period), "--steps", str(args.steps)]
     command += ["--epochs", str(args.epochs)]
     command += ["--steps-per-execution", str(execution)]
+    command += ["--evaluate"] if name in EVALUATE_VARIANTS else []
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     # A session of its own, so that a stuck launch and its workers can be
@@ -413,10 +517,17 @@ def summary(values):
 
 def throughput_table(results, args):
     timed = (args.epochs - 1) * args.steps
+    runs = f"{args.epochs} epochs of {args.steps} steps per run (the last "
+    runs += f"{timed} steps timed)"
+    if args.evaluate:
+        runs = (
+            f"`evaluate` of an untrained model, {args.epochs} calls of "
+            f"{args.steps} steps per run (the last {args.epochs - 1} timed, "
+            "each from its second execution on)"
+        )
     lines = [
         f"MLP {NUM_FEATURES}-{HIDDEN}-{HIDDEN}-{NUM_CLASSES}, global batch "
-        f"{GLOBAL_BATCH}, {args.epochs} epochs of {args.steps} steps per run "
-        f"(the last {timed} steps timed), {args.repeats} "
+        f"{GLOBAL_BATCH}, {runs}, {args.repeats} "
         f"repeat{'s' if args.repeats > 1 else ''}.",
         "",
         "| variant | best steps/s | median steps/s | best ms/step "
@@ -436,7 +547,7 @@ def throughput_table(results, args):
     return "\n".join(lines) + "\n"
 
 
-def ratio_table(results):
+def ratio_table(results, ratios=RATIOS):
     """Ratios of best-of, of median, and the median of each repeat's ratio
     (which cancels slow drifts of the machine's load)."""
     lines = [
@@ -444,7 +555,7 @@ def ratio_table(results):
         "| met (best / median / per-repeat) |",
         "|---|---:|---:|---:|---:|---|",
     ]
-    for numerator, denominator, goal in RATIOS:
+    for numerator, denominator, goal in ratios:
         label = f"{numerator} / {denominator}"
         top, bottom = results.get(numerator), results.get(denominator)
         if not top or not bottom:
@@ -540,8 +651,8 @@ def agn_table(results):
 def main():
     args = parse_args()
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPU cores.")
-    names = list(VARIANTS)
-    if not tf_keras_installed():
+    names = list(EVALUATE_VARIANTS if args.evaluate else VARIANTS)
+    if not tf_keras_installed() and not args.evaluate:
         names = [n for n in names if VARIANTS[n][0] != "tf_keras"]
         print(
             f"Note: tf-keras is not installed for {sys.executable}: the "
@@ -552,8 +663,8 @@ def main():
     start = time.perf_counter()
     results = measure(names, args)
     versions = {
-        f"{VARIANTS[n][0]}: TensorFlow {r[0]['tensorflow']}, "
-        f"Keras {r[0]['keras']}, {VARIANTS[n][0]} from {r[0]['library']}"
+        f"{ALL_VARIANTS[n][0]}: TensorFlow {r[0]['tensorflow']}, "
+        f"Keras {r[0]['keras']}, {ALL_VARIANTS[n][0]} from {r[0]['library']}"
         for n, r in results.items()
         if r
     }
@@ -561,8 +672,11 @@ def main():
     print("\n".join(sorted(versions)))
     print(f"Wall time {time.perf_counter() - start:.0f} s.\n")
     print(throughput_table(results, args))
-    print(ratio_table(results))
-    print(agn_table(results))
+    if args.evaluate:
+        print(ratio_table(results, EVALUATE_RATIOS))
+    else:
+        print(ratio_table(results))
+        print(agn_table(results))
     failed = [name for name, runs in results.items() if len(runs) == 0]
     return 1 if failed else 0
 

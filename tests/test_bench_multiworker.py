@@ -1,8 +1,11 @@
 """The multi-worker throughput benchmark runs and prints its tables."""
 
 import importlib.util
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -24,3 +27,22 @@ def test_bench_multiworker_quick_prints_ratios_and_rounds(run_bench_quick):
         assert re.search(rf"\| keras_clones 2w / tf-keras 2w {ratio}", out)
         assert re.search(rf"\| AGN\(10\) 2w x10 / tf-keras 2w {ratio}", out)
         assert re.search(rf"\| AGN\(10\) 2w x10 / tf-keras 2w x10 {ratio}", out)
+
+
+def test_bench_multiworker_evaluate_quick_prints_ratios():
+    script = ROOT / "bench" / "multiworker.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--quick", "--evaluate"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+        timeout=240,
+    )
+    out = result.stdout
+    assert result.returncode == 0, (out + result.stderr)[-3000:]
+    ratio = r"\| [0-9.]+ \| [0-9.]+ \|"
+    assert re.search(rf"\| evaluate 2w x10 / evaluate 2w {ratio}", out), out
+    assert re.search(rf"\| evaluate 1w x10 / evaluate 1w {ratio}", out), out
+    # Only `evaluate` ran: no training variants, no AGN table.
+    assert "keras_clones 2w" not in out, out
+    assert "all-reduces / 100 steps" not in out, out
