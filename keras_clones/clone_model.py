@@ -277,7 +277,7 @@ class CloneModel(keras.Model):
             keras.Model.__init__(self, *args, **kwargs)
         # Whether `get_metrics_result` reports `fit`'s own logs too.
         self._fit_logs = False
-        self._step_hooks = StepHooks()
+        self._step_hooks = StepHooks(reports_metrics=True)
         # Also makes the clones' loss trackers (`_CloneLosses`).
         self.deployment = deployment or DeploymentConfig()
         replicas = self.distribute_strategy.num_replicas_in_sync
@@ -670,9 +670,12 @@ class CloneModel(keras.Model):
         return dict(tf.cond(applied, update, self.get_metrics_result))
 
     def _fit_only_logs(self):
-        """What `fit` logs beyond the metrics: `clone_i_loss` (and an
-        `AGNOptimizer`'s `communication_rounds`)."""
+        """What `fit` logs beyond the metrics: `clone_i_loss`, the step
+        hooks' metrics (`skipped_steps`) and an `AGNOptimizer`'s
+        `communication_rounds`."""
         logs = self._clone_losses.results()
+        for metric in self._step_hooks.metrics:
+            logs[metric.name] = metric.result()
         rounds = optimizer_capabilities.communication_rounds(self.optimizer)
         if rounds is not None:
             logs["communication_rounds"] = rounds
@@ -697,6 +700,8 @@ class CloneModel(keras.Model):
     def reset_metrics(self):
         super().reset_metrics()
         self._clone_losses.reset()
+        for metric in self._step_hooks.metrics:
+            metric.reset_state()
 
     def fit(self, *args, **kwargs):
         with self._logging_for_fit(True):

@@ -11,7 +11,10 @@ work to their training step. Two kinds of hook, told apart by their method:
 - **observers**, `observe(step)`: see the step's combined gradients and
   per-clone losses before the update (`keras_clones.callbacks.LossSummaries`).
 
-Both receive a `Step`. Hooks are part of the traced step: callbacks register
+Both receive a `Step`. A hook may have `metrics` (Keras metrics, e.g. the
+guard's `skipped_steps`); a host whose `StepHooks` has `reports_metrics`
+puts their results in its training logs, as it does its own metrics.
+Hooks are part of the traced step: callbacks register
 them with `attach(model, hooks, hook)` in `on_train_begin` and remove them
 with `detach` in `on_train_end`, which rebuild `model`'s train function only
 when it was traced with other hooks, so a `fit` traces at most once more
@@ -35,7 +38,9 @@ class Step(typing.NamedTuple):
 class StepHooks:
     """The guard and observers that run inside a host's training step."""
 
-    def __init__(self):
+    def __init__(self, reports_metrics=False):
+        # Whether the host's training logs carry the hooks' `metrics`.
+        self.reports_metrics = reports_metrics
         self._guard = None
         self._observers = ()
         self._traced = None  # The hooks the step was last traced with.
@@ -70,6 +75,12 @@ class StepHooks:
             self._guard = hook
         if is_observer and hook not in self._observers:
             self._observers += (hook,)
+
+    @property
+    def metrics(self):
+        """The Keras metrics of the registered hooks."""
+        hooks = (self._guard, *self._observers)
+        return [m for hook in hooks for m in getattr(hook, "metrics", ())]
 
     def remove(self, hook):
         """Unregisters `hook` (a no-op for a hook not registered)."""

@@ -85,6 +85,19 @@ def test_clone_model_skip_changes_nothing_and_counts():
     assert_same_state(guarded, reference)
 
 
+def test_clone_model_steps_log_skipped_steps_for_callbacks_before_it():
+    # A callback listed before InfNanCheck sees the step's own count: 0 for
+    # the first two batches, 1 from the nan batch on.
+    seen = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: seen.append(
+            logs["skipped_steps"]
+        )
+    )
+    train(clone_model(), "sgd", True, [record, InfNanCheck()])
+    assert seen == [0.0] * NAN_BATCH + [1.0] * (6 - NAN_BATCH)
+
+
 def test_clone_model_logs_are_means_over_the_applied_steps():
     # Within 1e-6 of the same run without the nan batch: the skipped step's
     # nan loss, metrics and clone losses are left out of the epoch's logs.

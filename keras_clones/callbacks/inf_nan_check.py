@@ -25,6 +25,7 @@ class _NonFiniteGuard:
         # scale settles; only a non-finite loss is a failure.
         self.loss_scaled = loss_scaled
         self.skipped_steps = keras.metrics.Sum(name="skipped_steps")
+        self.metrics = [self.skipped_steps]
         self.failed_step = keras.Variable(
             -1, dtype="int64", trainable=False, name="failed_step"
         )
@@ -141,7 +142,8 @@ class InfNanCheck(keras.callbacks.Callback):
     see the step.
 
     Skipped steps are counted in `skipped_steps` in the training logs (per
-    epoch, like every Keras metric; not saved with the model). The callback
+    epoch, like every Keras metric; not saved with the model). A
+    `CloneModel`'s steps log it as their own; for a plain model the callback
     adds it to the logs it is given, so the progress bar, `History` and the
     callbacks after it in the list see it.
 
@@ -213,7 +215,8 @@ class InfNanCheck(keras.callbacks.Callback):
         self._detach()
 
     def _log_skipped_steps(self, logs):
-        if logs is not None:
+        # A host that reports its hooks' metrics has logged it already.
+        if logs is not None and not self._hooks.reports_metrics:
             logs["skipped_steps"] = float(self._guard.skipped_steps.result())
 
     def _detach(self):
