@@ -143,9 +143,10 @@ class InfNanCheck(keras.callbacks.Callback):
 
     Skipped steps are counted in `skipped_steps` in the training logs (per
     epoch, like every Keras metric; not saved with the model). A
-    `CloneModel`'s steps log it as their own; for a plain model the callback
-    adds it to the logs it is given, so the progress bar, `History` and the
-    callbacks after it in the list see it.
+    `CloneModel`'s steps log it as their own, in every batch's logs; for a
+    plain model the callback adds it to the epoch's logs (reading it every
+    batch would cost a device read per step), so the progress bar's epoch
+    line, `History` and the callbacks after it in the list see it.
 
     It guards a `keras_clones.CloneModel` (any optimizer), where it checks
     the loss and the summed gradients, and a plain `keras.Model` compiled
@@ -198,7 +199,6 @@ class InfNanCheck(keras.callbacks.Callback):
         self._log_skipped_steps(logs)
 
     def on_train_batch_end(self, batch, logs=None):
-        self._log_skipped_steps(logs)
         if self.mode == "skip":
             return
         failure = self._guard.failure()
@@ -216,6 +216,7 @@ class InfNanCheck(keras.callbacks.Callback):
 
     def _log_skipped_steps(self, logs):
         # A host that reports its hooks' metrics has logged it already.
+        # Otherwise once per epoch: a device read per batch costs ~10%.
         if logs is not None and not self._hooks.reports_metrics:
             logs["skipped_steps"] = float(self._guard.skipped_steps.result())
 
