@@ -109,8 +109,8 @@ CAUSES = [
         error=r"AGNOptimizer cannot honour",
     ),
     Cause(
-        "Keras's direct-assign check on sparse updates (AGN assigns "
-        "variables directly)",
+        "Keras's sparse-update check, which patches the assign methods of "
+        "the optimizer under test (AGN's inner optimizer does the updates)",
         error=r"calling .assign., .assign_add. or .assign_sub. directly",
     ),
     Cause(
