@@ -521,7 +521,7 @@ class CloneModel(keras.Model):
             y_pred = _merge_outputs(run.y_preds, run.sizes)
         # Logs, as a plain model reports them (`clone_i_loss` in fit's).
         logs = self._logs(
-            (x, y, sample_weight), y_pred, batch_size, run, applied
+            (x, y, sample_weight), y_pred, batch_size, loss, run, applied
         )
         logs.update(self._fit_only_logs())
         return logs
@@ -530,8 +530,9 @@ class CloneModel(keras.Model):
         (x, y, sample_weight), batch_size, clones = self._split(data)
         run = self._run_clones(clones, training=False)
         with tf.device(self._deployment.optimizer_device()):
+            loss = tf.add_n(run.contributions)
             y_pred = _merge_outputs(run.y_preds, run.sizes)
-        return self._logs((x, y, sample_weight), y_pred, batch_size, run)
+        return self._logs((x, y, sample_weight), y_pred, batch_size, loss, run)
 
     def predict_step(self, data):
         _, _, clones = self._split(data)
@@ -647,7 +648,7 @@ class CloneModel(keras.Model):
             on_skip=apply_gradients if loss_scaled else None,
         )
 
-    def _logs(self, data, y_pred, batch_size, run, applied=None):
+    def _logs(self, data, y_pred, batch_size, loss, run, applied=None):
         """Phase 5: the loss and compiled metrics on the whole batch, and
         each clone's loss, as a plain model logs them. A step that a guard
         skipped (`applied` false) is left out, so that the epoch's logs are
@@ -655,11 +656,10 @@ class CloneModel(keras.Model):
         x, y, sample_weight = data
 
         def update():
-            for i, (loss, rows) in enumerate(zip(run.losses, run.sizes)):
-                self._clone_losses.update(i, self._unscaled(loss), rows)
+            for i, (clone_loss, rows) in enumerate(zip(run.losses, run.sizes)):
+                self._clone_losses.update(i, self._unscaled(clone_loss), rows)
             internals.loss_tracker(self).update_state(
-                self._unscaled(tf.add_n(run.contributions)),
-                sample_weight=batch_size,
+                self._unscaled(loss), sample_weight=batch_size
             )
             return self.compute_metrics(
                 x, y, y_pred, sample_weight=sample_weight
