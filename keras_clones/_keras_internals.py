@@ -14,6 +14,7 @@ and the test checks that Keras still defines and calls each of them.
 """
 
 import contextlib
+import threading
 
 from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 from keras.src.models.functional import Functional
@@ -124,13 +125,26 @@ def uses_weight_decay(optimizer, variable):
     return optimizer._use_weight_decay(variable)
 
 
+_NO_ALL_REDUCE_LOCK = threading.Lock()
+_NO_ALL_REDUCE_DEPTH = {}  # id(optimizer): replicas inside the context.
+
+
 @contextlib.contextmanager
 def without_gradient_all_reduce(optimizer):
     """Makes `optimizer.apply` use this replica's gradients as they are,
     skipping the all-reduce Keras's TensorFlow optimizers run under a
-    `tf.distribute` strategy."""
-    optimizer._all_reduce_sum_gradients = list
+    `tf.distribute` strategy. Safe for the replica threads of a
+    `MirroredStrategy`, which enter it at once."""
+    key = id(optimizer)
+    with _NO_ALL_REDUCE_LOCK:
+        if key not in _NO_ALL_REDUCE_DEPTH:
+            optimizer._all_reduce_sum_gradients = list
+        _NO_ALL_REDUCE_DEPTH[key] = _NO_ALL_REDUCE_DEPTH.get(key, 0) + 1
     try:
         yield
     finally:
-        del optimizer._all_reduce_sum_gradients
+        with _NO_ALL_REDUCE_LOCK:
+            _NO_ALL_REDUCE_DEPTH[key] -= 1
+            if not _NO_ALL_REDUCE_DEPTH[key]:
+                del _NO_ALL_REDUCE_DEPTH[key]
+                del optimizer._all_reduce_sum_gradients

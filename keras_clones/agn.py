@@ -4,6 +4,7 @@ import contextlib
 import warnings
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
@@ -103,9 +104,10 @@ def _update(distribution, variable, value):
     )
 
 
-def _with_gradients(grads, variables):
+def _with_gradients(grads, variables, warn=True):
     """The (gradient, variable) pairs that have a gradient, as Keras's
-    optimizers keep them: a missing gradient is a warning, none an error."""
+    optimizers keep them: a missing gradient is a warning (if `warn`), none
+    an error."""
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
     missing = [_name(v) for g, v in zip(grads, variables) if g is None]
     if not pairs:
@@ -115,13 +117,45 @@ def _with_gradients(grads, variables):
             "depends on the trainable variables (with `model.compile()`, "
             "that a `loss` was given)."
         )
-    if missing:
+    if missing and warn:
         warnings.warn(
             f"Gradients do not exist for variables {missing} when "
             "minimizing the loss. If using `model.compile()`, did you forget "
             "to provide a `loss` argument?"
         )
     return pairs
+
+
+def _replica_context():
+    """The replica context `apply` runs in; refuses where AGN cannot."""
+    strategy = tf.distribute.get_strategy()
+    multi_worker = isinstance(
+        strategy, tf.distribute.MultiWorkerMirroredStrategy
+    )
+    devices = len(strategy.extended.worker_devices) if multi_worker else 1
+    if strategy.num_replicas_in_sync > devices > 1:
+        raise NotImplementedError(
+            "AGNOptimizer trains across workers with one replica per "
+            f"worker, but this worker has {devices} devices. Give each "
+            "worker one device (the default CPU) and split its batch "
+            "across its devices with a CloneModel."
+        )
+    replica_context = tf.distribute.get_replica_context()
+    if replica_context is None:
+        raise ValueError(
+            "AGNOptimizer.apply() must be called in a replica context, "
+            "e.g. inside `strategy.run`, as `fit` does."
+        )
+    return replica_context
+
+
+def _cast(value, dtype):
+    """`value` (dense or `IndexedSlices`) in `dtype`."""
+    if isinstance(value, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            tf.cast(value.values, dtype), value.indices, value.dense_shape
+        )
+    return tf.cast(value, dtype)
 
 
 def _overwrite_with_gradients(grads, variables):
@@ -158,6 +192,34 @@ def _fresh_copy(optimizer, name):
             f"which failed for {optimizer!r}: {e} Pass `outer_optimizer` "
             "explicitly, e.g. another instance of the same optimizer."
         ) from None
+
+
+_COMMITS = ("gradients", "weight_change")
+_COMMUNICATION_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _check_commit_options(commit, normalize, communication_dtype):
+    if commit not in _COMMITS:
+        raise ValueError(
+            "`commit` must be one of "
+            f"{', '.join(map(repr, _COMMITS))}: what each worker commits at "
+            "the end of a period, the mean of its gradients or the change "
+            f"of its weights. Received: commit={commit!r}."
+        )
+    if not isinstance(normalize, bool):
+        raise TypeError(
+            "`normalize` must be True (divide the commit by the period) or "
+            f"False. Received: normalize={normalize!r}."
+        )
+    if (
+        communication_dtype is not None
+        and communication_dtype not in _COMMUNICATION_DTYPES
+    ):
+        raise ValueError(
+            "`communication_dtype` must be None (the variables' dtype) or "
+            f"one of {', '.join(map(repr, _COMMUNICATION_DTYPES))}. "
+            f"Received: communication_dtype={communication_dtype!r}."
+        )
 
 
 def _device_list(global_device):
@@ -277,6 +339,9 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         outer_optimizer=None,
         global_device=None,
         name=None,
+        commit="gradients",
+        normalize=True,
+        communication_dtype=None,
         **kwargs,
     ):
         for option, default in _BASE_OPTIMIZER_DEFAULTS.items():
@@ -300,6 +365,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 "`communication_period` must be an integer >= 1. Received: "
                 f"communication_period={communication_period!r}."
             )
+        _check_commit_options(commit, normalize, communication_dtype)
         outer_follows_inner = outer_optimizer is None
         if outer_optimizer is None:
             outer_optimizer = _fresh_copy(optimizer, f"{optimizer.name}_outer")
@@ -319,6 +385,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self.outer_optimizer = outer_optimizer
         self.communication_period = communication_period
         self.global_device = global_device
+        self.commit = commit
+        self.normalize = normalize
+        self.communication_dtype = communication_dtype
+        # Only the gradients rule keeps gradient accumulators.
+        self._accumulates = commit == "gradients" and communication_period > 1
         self._step_hooks = StepHooks()
 
     @property
@@ -363,7 +434,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 self._accumulators.append(None)
                 continue
             self._centers.append(self._add_center(variable, i))
-            self._accumulators.append(self._add_accumulator(variable))
+            self._accumulators.append(
+                self._add_accumulator(variable)
+                if self.commit == "gradients"
+                else None
+            )
 
     def _add_center(self, variable, index):
         device = self._global_devices[index % len(self._global_devices)]
@@ -491,6 +566,28 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         """Synchronisations so far: gradient all-reduces across workers."""
         return self._communication_rounds
 
+    @property
+    def bytes_per_round(self):
+        """The bytes each worker contributes to one synchronisation's
+        all-reduce: every weight that has a center, in
+        `communication_dtype` (else its own dtype); sparse gradients of a
+        one-step period are sent as they are, so they send fewer."""
+        if not self.built:
+            raise ValueError(
+                "The AGNOptimizer has no variables to synchronise yet: it is "
+                "built on the first training step or by "
+                "`optimizer.build(variables)`."
+            )
+        total = 0
+        for variable, center in zip(
+            internals.built_variables(self), self._centers
+        ):
+            if center is not None:
+                dtype = self.communication_dtype or variable.dtype
+                size = int(np.prod(variable.shape))
+                total += size * tf.dtypes.as_dtype(dtype).size
+        return total
+
     def _slot(self, variable, what):
         if not self.built:
             raise ValueError(
@@ -522,6 +619,12 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     def grad_variable(self, variable):
         """The gradient accumulator of model variable `variable`."""
         index = self._slot(variable, "gradient accumulator")
+        if self._accumulators[index] is None:
+            raise KeyError(
+                "The AGNOptimizer has no gradient accumulators: with "
+                f"`commit={self.commit!r}` it commits the change of the "
+                "weights, which needs none."
+            )
         return self._accumulators[index]
 
     def assign_global_centers(self, var_list=None):
@@ -551,44 +654,47 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                     "optimizer must already be built."
                 )
             trainable_variables = internals.built_variables(self)
-        strategy = tf.distribute.get_strategy()
-        multi_worker = isinstance(
-            strategy, tf.distribute.MultiWorkerMirroredStrategy
-        )
-        devices = len(strategy.extended.worker_devices) if multi_worker else 1
-        if strategy.num_replicas_in_sync > devices > 1:
-            raise NotImplementedError(
-                "AGNOptimizer trains across workers with one replica per "
-                f"worker, but this worker has {devices} devices. Give each "
-                "worker one device (the default CPU) and split its batch "
-                "across its devices with a CloneModel."
-            )
-        replica_context = tf.distribute.get_replica_context()
-        if replica_context is None:
-            raise ValueError(
-                "AGNOptimizer.apply() must be called in a replica context, "
-                "e.g. inside `strategy.run`, as `fit` does."
-            )
+        _replica_context()  # Checks where it is called.
         trainable_variables = list(trainable_variables)
         grads = list(grads)
         self.build(trainable_variables)
-        grads, variables = zip(*_with_gradients(grads, trainable_variables))
-        self._step_hooks.run(
-            Step(list(grads), list(variables)),
-            lambda: self._apply_pairs(replica_context, grads, variables),
-        )
+        pairs = _with_gradients(grads, trainable_variables)
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        if topology.across_workers(tf.distribute.get_strategy()):
+            # Each worker skips its own non-finite local steps (its guard
+            # does not communicate); the workers agree at the commit.
+            self._step_hooks.run(
+                Step(grads, variables, skip_agreement="deferred"),
+                lambda: self.apply_local(grads, variables),
+            )
+            self.end_local_step(grads, variables, self._step_hooks)
+            return
 
-    def _apply_pairs(self, replica_context, grads, variables):
-        grads, variables = _overwrite_with_gradients(grads, variables)
-        centers = [self.global_center_variable(v) for v in variables]
-        accumulators = [self.grad_variable(v) for v in variables]
-        # Conditional updates run in the cross-replica context, with replica
-        # work re-entered from their branches (as `LossScaleOptimizer` does):
-        # under tf.distribute a `cond` in a replica whose branch calls
-        # `merge_call` (as every optimizer's `apply` does) fails.
-        replica_context.merge_call(
-            self._start_from_model, args=(variables, centers)
+        def whole_step():
+            self.apply_local(grads, variables)
+            self.end_local_step(grads, variables, self._step_hooks)
+
+        self._step_hooks.run(Step(grads, variables), whole_step)
+
+    def apply_local(self, grads, trainable_variables):
+        """The first half of `apply`: this worker's local step.
+
+        The inner optimizer updates the variables, and the gradients are
+        accumulated; the step is not counted and nothing is synchronised
+        (`end_local_step` does both). A `CloneModel` training across workers
+        calls the two halves itself, so that its `InfNanCheck` skips a
+        non-finite local step on its own worker only, with no communication.
+
+        Args:
+            grads: The gradients, as for `apply`.
+            trainable_variables: The variables, as for `apply`.
+        """
+        replica_context = _replica_context()
+        self.build(trainable_variables)
+        grads, variables = _overwrite_with_gradients(
+            *zip(*_with_gradients(grads, trainable_variables, warn=False))
         )
+        replica_context.merge_call(self._start_from_model, args=(variables,))
         strategy = tf.distribute.get_strategy()
         workers = strategy.num_replicas_in_sync
         if workers > 1 and topology.one_replica_per_worker(strategy):
@@ -600,18 +706,41 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 )
         else:
             self.inner_optimizer.apply(grads, variables)
-        if self.communication_period > 1:
-            for accumulator, grad in zip(accumulators, grads):
-                accumulator.assign_add(tf.convert_to_tensor(grad))
-        replica_context.merge_call(
-            self._count_step, args=(grads, variables, centers, accumulators)
-        )
+        if self._accumulates:
+            for variable, grad in zip(variables, grads):
+                self.grad_variable(variable).assign_add(
+                    tf.convert_to_tensor(grad)
+                )
+
+    def end_local_step(self, grads, trainable_variables, step_hooks=None):
+        """The second half of `apply`: counts the step, and commits at the
+        end of a period.
+
+        The commit (see `commit`) of every worker is averaged in one
+        all-reduce, in `communication_dtype`; the outer optimizer applies
+        the result to the global centers, and every variable takes its
+        center. The result is the same on every worker, so when the guard
+        of `step_hooks` skips it (it is not finite), every worker skips it
+        alike, and the centers stay as they were.
+
+        Args:
+            grads: The step's gradients, as for `apply` (a one-step period
+                with `commit="gradients"` commits them).
+            trainable_variables: The variables, as for `apply`.
+            step_hooks: The `keras_clones.step_hooks.StepHooks` whose guard
+                may skip the commit (the caller's own); by default none.
+        """
+        replica_context = _replica_context()
+        pairs = _with_gradients(grads, trainable_variables, warn=False)
+        pairs = [(g, v) for g, v in pairs if not _overwrites(v)]
+        replica_context.merge_call(self._count_step, args=(pairs, step_hooks))
         internals.increment_iterations(self)
 
-    def _start_from_model(self, distribution, variables, centers):
+    def _start_from_model(self, distribution, variables):
         # Weights loaded after `build` are the ones to train from.
         def copy_model_into_centers():
-            for center, variable in zip(centers, variables):
+            for variable in variables:
+                center = self.global_center_variable(variable)
                 _update(distribution, center, variable)
 
         tf.cond(
@@ -620,39 +749,76 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             lambda: None,
         )
 
-    def _count_step(self, distribution, grads, variables, centers, accs):
+    def _count_step(self, distribution, pairs, step_hooks):
         self._local_step.assign_add(1)
         if self.communication_period == 1:
-            # The mean gradient of a one-step period is the gradient itself:
-            # the outer optimizer takes it as it is (sparse stays sparse), as
-            # the bare optimizer would.
-            outer_step = self.outer_optimizer.apply, (grads, centers)
-            self._synchronise(distribution, outer_step, variables, centers)
+            self._synchronise(distribution, pairs, step_hooks)
             return
-        outer_step = self._apply_mean_gradient, (accs, centers)
         tf.cond(
             tf.equal(self._local_step % self.communication_period, 0),
-            lambda: self._synchronise(
-                distribution, outer_step, variables, centers
-            ),
+            lambda: self._synchronise(distribution, pairs, step_hooks),
             lambda: None,
         )
 
-    def _synchronise(self, distribution, outer_step, variables, centers):
-        # The outer optimizer sums the replicas' gradients: the one
-        # gradient all-reduce of the period.
+    def _synchronise(self, distribution, pairs, step_hooks):
         self._communication_rounds.assign_add(1)
-        outer_apply, args = outer_step
-        distribution.extended.call_for_each_replica(outer_apply, args=args)
-        for variable, center in zip(variables, centers):
-            _update(distribution, variable, center)
+        distribution.extended.call_for_each_replica(
+            self._commit_on_replica, args=(pairs, step_hooks)
+        )
+        for _, variable in pairs:
+            _update(
+                distribution, variable, self.global_center_variable(variable)
+            )
 
-    def _apply_mean_gradient(self, accumulators, centers):
+    def _commit_on_replica(self, pairs, step_hooks):
+        """The workers' mean commit, applied to the centers (guarded)."""
+        centers = [self.global_center_variable(v) for _, v in pairs]
+        mean = self._all_reduce([self._commit(g, v) for g, v in pairs])
+
+        def apply_to_centers():
+            with internals.without_gradient_all_reduce(self.outer_optimizer):
+                self.outer_optimizer.apply(mean, centers)
+
+        if step_hooks is None:
+            apply_to_centers()
+        else:
+            step_hooks.count_deferred_skips()
+            step_hooks.guarded(
+                Step(mean, centers, skip_agreement="none"), apply_to_centers
+            )
+        if self._accumulates:
+            for _, variable in pairs:
+                accumulator = self.grad_variable(variable)
+                accumulator.assign(tf.zeros_like(accumulator))
+
+    def _commit(self, grad, variable):
+        """What this replica sends for `variable` at the end of a period."""
         period = self.communication_period
-        normalized = [a.value / tf.cast(period, a.dtype) for a in accumulators]
-        self.outer_optimizer.apply(normalized, centers)
-        for accumulator in accumulators:
-            accumulator.assign(tf.zeros_like(accumulator))
+        if self.commit == "gradients":
+            # A one-step period's mean gradient is the gradient itself: the
+            # outer optimizer takes it as it is (sparse stays sparse), as
+            # the bare optimizer would.
+            if period == 1:
+                return grad
+            value = self.grad_variable(variable).value
+        else:  # The pseudo-gradient: what the period's local steps moved.
+            value = self.global_center_variable(variable) - variable
+        if self.normalize and period > 1:
+            value = value / tf.cast(period, value.dtype)
+        return value
+
+    def _all_reduce(self, values):
+        """Every replica's values, reduced (a sum of gradients Keras has
+        divided by the replicas, a mean of weight changes), in
+        `communication_dtype`."""
+        dtypes = [v.dtype for v in values]
+        if self.communication_dtype is not None:
+            values = [_cast(v, self.communication_dtype) for v in values]
+        op = tf.distribute.ReduceOp.MEAN
+        if self.commit == "gradients":
+            op = tf.distribute.ReduceOp.SUM
+        reduced = tf.distribute.get_replica_context().all_reduce(op, values)
+        return [_cast(v, dtype) for v, dtype in zip(reduced, dtypes)]
 
     @property
     def learning_rate(self):
@@ -689,6 +855,9 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 else serialize(self.outer_optimizer)
             ),
             "global_device": self.global_device,
+            "commit": self.commit,
+            "normalize": self.normalize,
+            "communication_dtype": self.communication_dtype,
         }
 
     @classmethod

@@ -33,6 +33,16 @@ def step_hooks(optimizer):
     return getattr(unwrapped(optimizer), "step_hooks", None)
 
 
+def takes_local_steps(optimizer):
+    """Whether `optimizer` itself (not inside a `LossScaleOptimizer`, which
+    calls its `apply`) takes local steps between synchronisations, as an
+    `AGNOptimizer`: it then offers the two halves of `apply`,
+    `apply_local(grads, variables)`, which a guard may skip on one worker
+    alone, and `end_local_step(grads, variables, step_hooks)`, which counts
+    the step and commits through the guard of `step_hooks`."""
+    return callable(getattr(optimizer, "end_local_step", None))
+
+
 def copies_can_apply(optimizer):
     """Whether per-device copies of the optimizer may each apply the update
     to their copy of the variables (replicated variables).

@@ -33,6 +33,12 @@ class Step(typing.NamedTuple):
     variables: list  # The variables they apply to, in the same order.
     loss: object = None  # The step's loss, where the host knows it.
     clone_losses: tuple = ()  # Each clone's share of the loss (CloneModel).
+    # How workers agree on skipping it: "all_reduce" when the update
+    # communicates (all-reduced gradients), so all must skip it together;
+    # "deferred" for an `AGNOptimizer`'s local step, which a worker skips
+    # alone, the skips counted at the commit (`count_deferred_skips`);
+    # "none" for its commit, which is the same on every worker.
+    skip_agreement: str = "all_reduce"
 
 
 class StepHooks:
@@ -103,6 +109,27 @@ class StepHooks:
             update()
             return None
         return self._guard.apply_if(step, update, on_skip)
+
+    def guarded(self, step, update):
+        """Runs `update()` through the guard only (no observers), for a
+        second update within one step, such as an `AGNOptimizer`'s commit.
+
+        Returns:
+            As `run`.
+        """
+        if self._guard is None:
+            update()
+            return None
+        return self._guard.apply_if(step, update, None)
+
+    def count_deferred_skips(self):
+        """Called by the host where every worker synchronises (an
+        `AGNOptimizer`'s commit): the guard counts the local steps the
+        workers skipped since the last call (`Step.skip_agreement`)."""
+        if self._guard is not None and hasattr(
+            self._guard, "count_deferred_skips"
+        ):
+            self._guard.count_deferred_skips()
 
     def traced_with_other_hooks(self):
         """Whether the host's step was last traced with other hooks."""

@@ -133,6 +133,37 @@ def test_agn_skip_changes_nothing_in_a_plain_model():
     assert_same_state(guarded, reference)
 
 
+@pytest.mark.parametrize("model_class", [plain_model, clone_model])
+def test_agn_commit_that_overflows_in_float16_is_skipped(model_class):
+    # Gradients of ~1e5 are finite; their float16 commit is not. Every
+    # period's commit is skipped: the centers stay where they started, and
+    # each period starts again from them.
+    model = model_class()
+    initial = [w.numpy() for w in model.trainable_weights]
+    optimizer = AGNOptimizer(
+        keras.optimizers.SGD(1e-9), 3, communication_dtype="float16"
+    )
+    model.compile(optimizer, "mse")
+    x, y = data(False)
+    history = model.fit(
+        x,
+        y * 1e5,
+        batch_size=BATCH,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[InfNanCheck("skip")],
+    )
+    # 5 steps an epoch: commits after steps 3, 6, 9.
+    assert history.history["skipped_steps"] == [1.0, 2.0]
+    assert int(optimizer.communication_rounds.numpy()) == 3
+    assert int(optimizer.local_step.numpy()) == 10
+    for weight, start in zip(model.trainable_weights, initial):
+        center = optimizer.global_center_variable(weight).numpy()
+        np.testing.assert_array_equal(center, start)
+        assert np.all(np.isfinite(weight.numpy()))
+
+
 def test_after_fit_the_model_is_as_before(tmp_path):
     model = clone_model()
     train(model, "sgd", False, [InfNanCheck()])

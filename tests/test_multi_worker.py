@@ -166,6 +166,54 @@ def test_agn_workers_train_locally_and_share_the_centers(agn_results):
         assert np.abs(a - b).max() > 1e-2
 
 
+@pytest.mark.parametrize("rule", ["hermans", "diloco"])
+def test_agn_rules_across_workers_apply_the_mean_commit_as_by_hand(
+    agn_results, rule
+):
+    # The outer optimizer takes the mean over the workers of their commits
+    # (the synchronous path); each worker's is its own weight change.
+    workers, reference = agn_results
+    for index, worker in enumerate(workers):
+        np.testing.assert_array_equal(worker[f"{rule}_rounds"], [1, 2])
+        for got, want in zip(
+            variables(worker, f"{rule}_center"),
+            variables(reference, f"{rule}_center"),
+        ):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        for got, want in zip(
+            variables(worker, f"{rule}_weight"),
+            variables(reference, f"{rule}_worker_{index}_weight"),
+        ):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+    for a, b in zip(*(variables(w, f"{rule}_center") for w in workers)):
+        np.testing.assert_array_equal(a, b)
+    # Not the default rule's result.
+    assert not np.allclose(
+        workers[0][f"{rule}_center_0"], workers[0]["p3_center_0"], atol=1e-4
+    )
+
+
+def test_bfloat16_all_reduce_sums_rounded_commits_in_half_the_bytes(
+    agn_results,
+):
+    workers, reference = agn_results
+    for worker in workers:
+        assert (
+            worker["bf16_bytes_per_round"] * 2 == worker["p3_bytes_per_round"]
+        )
+        for got, want, full in zip(
+            variables(worker, "bf16_center"),
+            variables(reference, "bf16_center"),
+            variables(worker, "p3_center"),
+        ):
+            # Within a bfloat16 rounding of the hand computation, which
+            # rounds as the all-reduce does; float32's result is further.
+            np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-4)
+            assert np.abs(got - want).max() <= np.abs(got - full).max()
+    for a, b in zip(*(variables(w, "bf16_center") for w in workers)):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory):
     """Two runs of chief_worker.py: one crashes at epoch 2, one resumes."""
@@ -280,7 +328,10 @@ def test_inf_nan_check_skips_a_step_on_every_worker_when_one_is_not_finite(
     # bit-identical weights, and match one process trained without that
     # batch (within 1e-5), logs included; `skipped_steps` is 1 per epoch
     # on both.
-    # AGN(2): the workers agree as well.
+    # AGN(2): worker 1 skips its local step alone, with no per-step
+    # communication (worker 0 applies its own, as computed by hand); the
+    # workers count the skip at the commit, so `skipped_steps` is 1 per
+    # epoch on both, and the commits leave them bit-identical.
     with reference_alongside(INF_NAN_WORKER, tmp_path):
         run(*LAUNCH, str(INF_NAN_WORKER), str(tmp_path))
     reference = np.load(tmp_path / "inf_nan_reference.npz")

@@ -33,59 +33,80 @@ class _NonFiniteGuard:
             0, dtype="int64", trainable=False, name="failed_check"
         )
         self.check_names = []
+        # Local steps skipped but not yet counted (see `apply_if`).
+        self.deferred_skips = keras.Variable(
+            0.0, dtype="float32", trainable=False, name="deferred_skips"
+        )
 
     def apply_if(self, step, update, on_skip=None):
         """Runs `update()` if `step`'s loss and gradients are finite, else
         `on_skip()` (if given); counts and records the skip, and returns
         whether the update ran."""
-        loss = step.loss
-        names, values = [], []
-        if loss is not None:
-            names.append("the loss")
-            values.append(loss)
-        for grad, variable in zip(step.grads, step.variables):
-            if grad is not None:
-                # A plain `tf.Variable` has a name, no path.
-                path = getattr(variable, "path", variable.name)
-                names.append(f"the gradient of {path}")
-                values.append(
-                    grad.values if isinstance(grad, tf.IndexedSlices) else grad
-                )
-        step = tf.identity(self.step_counter)
+        iteration = tf.identity(self.step_counter)
+        names, values = _checks(step)
         finite = [tf.reduce_all(tf.math.is_finite(v)) for v in values]
         all_finite = tf.reduce_all(finite)
-        loss_finite = finite[0] if loss is not None else tf.constant(True)
+        loss_finite = finite[0] if step.loss is not None else tf.constant(True)
         cond = tf.cond
-        if topology.across_workers(tf.distribute.get_strategy()):
+        across = topology.across_workers(tf.distribute.get_strategy())
+        if across:
+            cond = collectives.cross_replica_cond
+        if across and step.skip_agreement == "all_reduce":
             # Every worker skips the step when any worker's is not finite.
             all_finite, loss_finite = collectives.on_every_worker(
                 [all_finite, loss_finite]
             )
             names.append("the loss or a gradient on another worker")
             finite.append(all_finite)
-            cond = collectives.cond_on_every_worker
-        self.check_names = names
         cond(all_finite, update, on_skip or (lambda: None))
-        self.skipped_steps.update_state(
-            tf.cast(tf.logical_not(all_finite), "float32")
+        skipped = tf.cast(tf.logical_not(all_finite), "float32")
+        if across and step.skip_agreement == "deferred":
+            # Counted when the workers agree (`count_deferred_skips`), so
+            # that all of them count, stop or raise alike.
+            self.deferred_skips.assign_add(skipped)
+            return all_finite
+        failed = tf.logical_not(loss_finite if self.loss_scaled else all_finite)
+        check = tf.argmin(
+            tf.cast(tf.stack(finite), "int32"), output_type="int64"
         )
-        failed = tf.logical_not(all_finite)
-        if self.loss_scaled:
-            failed = tf.logical_not(loss_finite)
-        first = tf.logical_and(failed, self.failed_step < 0)
-        self.failed_check.assign(
-            tf.where(
-                first,
-                tf.argmin(
-                    tf.cast(tf.stack(finite), "int32"), output_type="int64"
-                ),
-                self.failed_check,
-            )
-        )
-        self.failed_step.assign(
-            tf.where(first, tf.cast(step, "int64"), self.failed_step)
+        self._record(
+            skipped, failed, iteration, self._checks_named(names) + check
         )
         return all_finite
+
+    def count_deferred_skips(self):
+        """Counts the local steps that every worker skipped since the last
+        call, summed over the workers in one all-reduce (at a point every
+        worker reaches, such as an `AGNOptimizer`'s commit)."""
+        if not topology.across_workers(tf.distribute.get_strategy()):
+            return  # Nothing was deferred.
+        total = tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, tf.identity(self.deferred_skips)
+        )
+        self.deferred_skips.assign(0.0)
+        check = self._checks_named(
+            [
+                "the loss or a gradient of a local step on a worker, since the "
+                "last synchronisation,"
+            ]
+        )
+        self._record(total, total > 0, self.step_counter, check)
+
+    def _checks_named(self, names):
+        """The index of the first of `names` among the check names: a step
+        may have several guarded updates (an AGN commit), and each call's
+        names follow the previous ones'."""
+        first = len(self.check_names)
+        self.check_names = self.check_names + names
+        return tf.constant(first, "int64")
+
+    def _record(self, skipped, failed, iteration, check):
+        self.skipped_steps.update_state(skipped)
+        first = tf.logical_and(failed, self.failed_step < 0)
+        self.failed_check.assign(tf.where(first, check, self.failed_check))
+        self.failed_step.assign(
+            tf.where(first, tf.cast(iteration, "int64"), self.failed_step)
+        )
 
     def failure(self):
         """What failed first, as a sentence, or None (read on the host)."""
@@ -97,6 +118,23 @@ class _NonFiniteGuard:
             f"InfNanCheck: {name} is not finite at optimizer step {step} "
             "(`optimizer.iterations` before the step); the step was skipped."
         )
+
+
+def _checks(step):
+    """The names and values of what must be finite in `step`."""
+    names, values = [], []
+    if step.loss is not None:
+        names.append("the loss")
+        values.append(step.loss)
+    for grad, variable in zip(step.grads, step.variables):
+        if grad is not None:
+            # A plain `tf.Variable` has a name, no path.
+            path = getattr(variable, "path", variable.name)
+            names.append(f"the gradient of {path}")
+            values.append(
+                grad.values if isinstance(grad, tf.IndexedSlices) else grad
+            )
+    return names, values
 
 
 def _step_hooks(model):

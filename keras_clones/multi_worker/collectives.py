@@ -46,12 +46,13 @@ def on_every_worker(flags):
     return tf.unstack(tf.equal(failures, 0.0))
 
 
-def cond_on_every_worker(pred, true_fn, false_fn):
+def cross_replica_cond(pred, true_fn, false_fn):
     """`tf.cond(pred, true_fn, false_fn)` in a replica context where the
-    branches communicate (an optimizer's `apply` all-reduces), as
+    branches call `merge_call` (as an optimizer's `apply` does), as
     `LossScaleOptimizer` does it: the `cond` runs in the cross-replica
     context, where tf.distribute allows it, and each branch re-enters the
-    replica. `pred` must be the same on every worker."""
+    replica. When the branches communicate (an all-reduce), `pred` must be
+    the same on every worker."""
 
     def cross_replica(distribution, pred):
         pred = distribution.experimental_local_results(pred)[0]

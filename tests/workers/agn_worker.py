@@ -1,11 +1,14 @@
 """One worker of a 2-worker AGNOptimizer run; see tests/test_multi_worker.py.
 
 Each worker trains a CloneModel of 2 clones with AGN(SGD with momentum) at
-communication periods 1 and 3, and saves to `OUT/agn_worker_<i>.npz` its
-local weights, global centers, logs and the batches it was fed. With
-`--reference` it instead computes, in one process and by hand, what the
-workers should hold, from the batches they saved, and trains a plain model
-with synchronous SGD on the global batch, which period 1 must equal.
+communication periods 1 and 3 (the default rule), and at period 3 with the
+Hermans and DiLoCo rules and with a bfloat16 all-reduce; it saves to
+`OUT/agn_worker_<i>.npz` its local weights, global centers, logs and the
+batches it was fed. With `--reference` it instead computes, in one process
+and by hand, what the workers should hold, from the batches they saved (the
+outer optimizer takes the mean over workers of their commits), and trains a
+plain model with synchronous SGD on the global batch, which period 1 must
+equal.
 """
 
 import os
@@ -22,10 +25,22 @@ from clone_model_worker import run
 
 import keras_clones
 
-PERIODS = (1, 3)
 LEARNING_RATE = 0.05
 MOMENTUM = 0.9
 WORKERS = 2
+# name: (period, AGNOptimizer options, outer SGD (learning rate, momentum,
+# nesterov) or None for the default one, a copy of the inner one).
+RUNS = {
+    "p1": (1, {}, None),
+    "p3": (3, {}, None),
+    "hermans": (3, {"commit": "weight_change"}, (1.0, 0.0, False)),
+    "diloco": (
+        3,
+        {"commit": "weight_change", "normalize": False},
+        (0.7, 0.9, True),
+    ),
+    "bf16": (3, {"communication_dtype": "bfloat16"}, None),
+}
 
 
 def sgd():
@@ -46,18 +61,24 @@ def worker(out, index):
     ]
     arrays["x"] = np.stack([x for x, _ in batches])
     arrays["y"] = np.stack([y for _, y in batches])
-    for period in PERIODS:
+    for name, (period, options, outer) in RUNS.items():
         with strategy.scope():
             model = clone_model(batch_norm=False, num_clones=2)
-            optimizer = keras_clones.AGNOptimizer(sgd(), period)
+            if outer is not None:
+                rate, momentum, nesterov = outer
+                outer = keras.optimizers.SGD(rate, momentum, nesterov)
+            optimizer = keras_clones.AGNOptimizer(
+                sgd(), period, outer_optimizer=outer, **options
+            )
             model.compile(optimizer, "mse")
         history = model.fit(dataset(), epochs=EPOCHS, verbose=0).history
-        arrays[f"p{period}_rounds"] = np.array(history["communication_rounds"])
-        arrays[f"p{period}_local_step"] = optimizer.local_step.numpy()
+        arrays[f"{name}_rounds"] = np.array(history["communication_rounds"])
+        arrays[f"{name}_local_step"] = optimizer.local_step.numpy()
+        arrays[f"{name}_bytes_per_round"] = optimizer.bytes_per_round
         for i, variable in enumerate(model.trainable_weights):
             center = optimizer.global_center_variable(variable)
-            arrays[f"p{period}_weight_{i}"] = variable.numpy()
-            arrays[f"p{period}_center_{i}"] = center.numpy()
+            arrays[f"{name}_weight_{i}"] = variable.numpy()
+            arrays[f"{name}_center_{i}"] = center.numpy()
     np.savez(os.path.join(out, f"agn_worker_{index}.npz"), **arrays)
 
 
@@ -71,16 +92,48 @@ def gradients(weights, x, y):
     return [g.numpy() for g in tape.gradient(loss, model.trainable_weights)]
 
 
-def momentum_step(weights, velocities, grads):
-    """`keras.optimizers.SGD(momentum=...)`'s update, by hand."""
+def momentum_step(weights, velocities, grads, outer=None):
+    """`keras.optimizers.SGD`'s update with momentum, by hand (the inner
+    optimizer's, or `outer`'s: learning rate, momentum, nesterov)."""
+    rate, momentum, nesterov = outer or (LEARNING_RATE, MOMENTUM, False)
     for w, v, g in zip(weights, velocities, grads):
-        v *= MOMENTUM
-        v -= LEARNING_RATE * g
-        w += v
+        v *= momentum
+        v -= rate * g
+        w += momentum * v - rate * g if nesterov else v
 
 
-def agn_by_hand(x, y, period):
-    """AGN across workers: local steps, an averaged outer step per period."""
+def bfloat16(value):
+    return tf.cast(tf.cast(value, "bfloat16"), "float32").numpy()
+
+
+def commits(accumulated, local, center, period, options):
+    """Each worker's commit of the period, per variable."""
+    if options.get("commit") == "weight_change":
+        # Keras divides each worker's gradient by the workers, and AGN
+        # undoes it for the local steps: the weight change is the worker's.
+        sent = [[c - w for c, w in zip(center, weights)] for weights in local]
+    else:  # Gradients Keras has divided by the workers: summed, not meant.
+        sent = [[a * WORKERS for a in acc] for acc in accumulated]
+    if options.get("normalize", True):
+        sent = [[s / period for s in worker] for worker in sent]
+    return sent
+
+
+def mean_over_workers(sent, options):
+    if options.get("communication_dtype") != "bfloat16":
+        return [sum(s) / WORKERS for s in zip(*sent)]
+    # Summed in bfloat16 (of gradients Keras divided by the workers).
+    return [
+        bfloat16(sum(bfloat16(s / WORKERS) for s in values))
+        for values in zip(*sent)
+    ]
+
+
+def agn_by_hand(x, y, period, options, outer, skipped=()):
+    """AGN across workers: local steps, an outer step per period on the
+    mean over workers of their commits. `x[w, t]` is worker w's t-th batch;
+    the (worker, step) pairs in `skipped` take no local step (InfNanCheck's
+    skip: no update, no accumulation)."""
     initial = keras.Model(*layers(batch_norm=False)).get_weights()
     center = [w.copy() for w in initial]
     outer_velocity = [np.zeros_like(w) for w in initial]
@@ -91,18 +144,17 @@ def agn_by_hand(x, y, period):
     for _ in range(EPOCHS):
         for t in range(x.shape[1]):
             for w in range(WORKERS):
+                if (w, step) in skipped:
+                    continue
                 grads = gradients(local[w], x[w, t], y[w, t])
                 momentum_step(local[w], velocity[w], grads)
                 for a, g in zip(accumulated[w], grads):
-                    a += g
+                    a += g / WORKERS
             step += 1
             if step % period == 0:
-                mean = [
-                    sum(accumulated[w][k] for w in range(WORKERS))
-                    / (WORKERS * period)
-                    for k in range(len(center))
-                ]
-                momentum_step(center, outer_velocity, mean)
+                sent = commits(accumulated, local, center, period, options)
+                mean = mean_over_workers(sent, options)
+                momentum_step(center, outer_velocity, mean, outer)
                 local = [[c.copy() for c in center] for _ in range(WORKERS)]
                 accumulated = [
                     [np.zeros_like(c) for c in center] for _ in range(WORKERS)
@@ -115,13 +167,13 @@ def reference(out):
     x = np.stack([f["x"] for f in fed])
     y = np.stack([f["y"] for f in fed])
     arrays = {}
-    for period in PERIODS:
-        local, center = agn_by_hand(x, y, period)
+    for name, (period, options, outer) in RUNS.items():
+        local, center = agn_by_hand(x, y, period, options, outer)
         for i, c in enumerate(center):
-            arrays[f"p{period}_center_{i}"] = c
+            arrays[f"{name}_center_{i}"] = c
         for w in range(WORKERS):
             for i, v in enumerate(local[w]):
-                arrays[f"p{period}_worker_{w}_weight_{i}"] = v
+                arrays[f"{name}_worker_{w}_weight_{i}"] = v
     plain = keras.Model(*layers(batch_norm=False))
     plain.compile(sgd(), "mse")
     plain.fit(dataset(), epochs=EPOCHS, verbose=0)

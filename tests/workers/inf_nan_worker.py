@@ -1,15 +1,17 @@
 """One worker of a 2-worker run with InfNanCheck (tests/test_multi_worker.py).
 
 A nan in one row of the data makes the loss and gradients of whichever
-worker gets it non-finite (worker 1's half of the third global batch), so
-both workers must skip that step. Each worker saves its weights and logs to
-`OUT/inf_nan_<i>.npz`, for a CloneModel with SGD and one with
-AGNOptimizer(period 2); with `--reference` one process trains the SGD
-CloneModel, 4 clones on the global batch, on the data without that batch.
+worker gets it non-finite (worker 1's half of the third global batch). With
+SGD both workers must skip that step; with AGNOptimizer(period 2) worker 1
+skips its local step alone, and the workers count it at the commit. Each
+worker saves its weights and logs to `OUT/inf_nan_<i>.npz`; with
+`--reference` one process trains the SGD CloneModel, 4 clones on the global
+batch, on the data without that batch, and computes AGN's by hand.
 """
 
 import os
 
+import agn_worker
 import keras
 import numpy as np
 import tensorflow as tf
@@ -62,9 +64,25 @@ def worker(out, index):
     np.savez(os.path.join(out, f"inf_nan_{index}.npz"), **arrays)
 
 
+def agn_by_hand_without_the_nan_step():
+    """AGN's weights by hand, worker 1's local step on the nan skipped."""
+    x, y = data()
+    x[NAN_ROW, 0] = np.nan
+    half = GLOBAL_BATCH // 2
+    steps = len(x) // GLOBAL_BATCH
+    # Each global batch: its first half to worker 0, its second to 1.
+    x, y = (a.reshape(steps, 2, half, -1).transpose(1, 0, 2, 3) for a in (x, y))
+    nan_step = NAN_ROW // GLOBAL_BATCH
+    skipped = {(1, epoch * steps + nan_step) for epoch in range(EPOCHS)}
+    local, _ = agn_worker.agn_by_hand(x, y, 2, {}, None, skipped)
+    return local[0]
+
+
 def reference(out):
     model = clone_model(batch_norm=False, num_clones=4)
     arrays = {f"sgd_{k}": v for k, v in train(model, sgd, False).items()}
+    for i, weight in enumerate(agn_by_hand_without_the_nan_step()):
+        arrays[f"agn_weight_{i}"] = weight
     np.savez(os.path.join(out, "inf_nan_reference.npz"), **arrays)
 
 

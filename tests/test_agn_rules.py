@@ -1,0 +1,213 @@
+"""AGNOptimizer's commit rules and 16-bit commits against hand computations.
+
+One variable, random gradients, period 3, in one process: each rule's local
+weights and centers after every step, as the README's recipes write them.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_clones import AGNOptimizer
+
+PERIOD, STEPS = 3, 9
+INNER_LR = 0.1
+
+
+class HandSGD:
+    def __init__(self, rate, momentum=0.0, nesterov=False):
+        self.rate, self.momentum, self.nesterov = rate, momentum, nesterov
+        self.m = 0.0
+
+    def step(self, w, g):
+        self.m = self.momentum * self.m - self.rate * g
+        if self.nesterov:
+            return w + self.momentum * self.m - self.rate * g
+        return w + self.m
+
+
+class HandAdamW:
+    def __init__(self, rate, weight_decay=0.0):
+        self.rate, self.weight_decay = rate, weight_decay
+        self.m = self.v = 0.0
+        self.t = 0
+
+    def step(self, w, g):
+        w = w - w * self.weight_decay * self.rate
+        self.t += 1
+        self.m = 0.9 * self.m + 0.1 * g
+        self.v = 0.999 * self.v + 0.001 * g * g
+        alpha = self.rate * np.sqrt(1 - 0.999**self.t) / (1 - 0.9**self.t)
+        return w - alpha * self.m / (np.sqrt(self.v) + 1e-7)
+
+
+def bfloat16(x):
+    return tf.cast(tf.cast(x, "bfloat16"), "float64").numpy()
+
+
+# name: (AGNOptimizer's options, the inner optimizer and the outer one as
+# Keras optimizers and by hand). These are the README's four recipes.
+RULES = {
+    "contrib": (
+        {},
+        lambda: keras.optimizers.SGD(INNER_LR, momentum=0.9),
+        lambda: HandSGD(INNER_LR, 0.9),
+        None,  # The default outer optimizer: a copy of the inner one.
+        lambda: HandSGD(INNER_LR, 0.9),
+    ),
+    "hermans": (
+        {"commit": "weight_change"},
+        lambda: keras.optimizers.Adam(INNER_LR),
+        lambda: HandAdamW(INNER_LR),
+        lambda: keras.optimizers.SGD(1.0),
+        lambda: HandSGD(1.0),
+    ),
+    "diloco": (
+        {"commit": "weight_change", "normalize": False},
+        lambda: keras.optimizers.AdamW(INNER_LR, weight_decay=0.1),
+        lambda: HandAdamW(INNER_LR, weight_decay=0.1),
+        lambda: keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),
+        lambda: HandSGD(0.7, 0.9, nesterov=True),
+    ),
+    "downpour": (
+        {"commit": "weight_change", "normalize": False},
+        lambda: keras.optimizers.SGD(INNER_LR),
+        lambda: HandSGD(INNER_LR),
+        lambda: keras.optimizers.SGD(1.0),
+        lambda: HandSGD(1.0),
+    ),
+}
+
+
+def hand_commit(options, accumulated, pulled, local):
+    """What the rule commits at the end of a period (before rounding)."""
+    if options.get("commit", "gradients") == "gradients":
+        value = accumulated
+    else:  # The pseudo-gradient: how far the local steps moved.
+        value = pulled - local
+    return value / PERIOD if options.get("normalize", True) else value
+
+
+def run_rule(options, inner, outer):
+    start = np.array([1.0, -2.0, 0.5])
+    grads = np.random.default_rng(0).normal(size=(STEPS, 3))
+    variable = keras.Variable(start.astype("float32"))
+    optimizer = AGNOptimizer(inner, PERIOD, outer_optimizer=outer, **options)
+    step = tf.function(lambda g: optimizer.apply([g], [variable]))
+    history = []
+    for g in grads:
+        step(tf.constant(g, "float32"))
+        center = optimizer.global_center_variable(variable).numpy()
+        history.append((variable.numpy(), center))
+    return grads, start, history, optimizer
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_rule_matches_hand_computation(name, dtype):
+    options, inner, hand_inner, outer, hand_outer = RULES[name]
+    options = dict(options, communication_dtype=dtype)
+    grads, start, history, optimizer = run_rule(
+        options, inner(), outer and outer()
+    )
+    inner_by_hand, outer_by_hand = hand_inner(), hand_outer()
+    local, center, accumulated = start.copy(), start.copy(), np.zeros(3)
+    for k, (got_local, got_center) in enumerate(history):
+        local = inner_by_hand.step(local, grads[k])
+        accumulated = accumulated + grads[k]
+        if (k + 1) % PERIOD == 0:
+            commit = hand_commit(options, accumulated, center, local)
+            if dtype is not None:
+                commit = bfloat16(commit)
+            center = outer_by_hand.step(center, commit)
+            local, accumulated = center.copy(), np.zeros(3)
+        # bfloat16 rounds the commit: the hand computation rounds alike,
+        # from float64 values (one rounding may land a bfloat16 ulp away).
+        atol = 1e-5 if dtype is None else 1e-2
+        np.testing.assert_allclose(got_local, local, atol=atol)
+        np.testing.assert_allclose(got_center, center, atol=atol)
+    assert int(optimizer.communication_rounds.numpy()) == STEPS // PERIOD
+
+
+def test_downpour_with_one_worker_moves_the_center_to_the_local_weights():
+    # The undivided change with SGD(1.0): the center becomes the local
+    # weights, exactly, so one worker trains as the bare inner optimizer.
+    options, inner, _, outer, _ = RULES["downpour"]
+    grads, start, history, _ = run_rule(options, inner(), outer())
+    bare = keras.Variable(start.astype("float32"))
+    sgd = keras.optimizers.SGD(INNER_LR)
+    for g, (got_local, got_center) in zip(grads, history):
+        sgd.apply([tf.constant(g, "float32")], [bare])
+        np.testing.assert_allclose(got_local, bare.numpy(), atol=1e-6)
+    np.testing.assert_allclose(history[-1][1], bare.numpy(), atol=1e-6)
+
+
+def test_weight_change_keeps_no_gradient_accumulators():
+    variable = keras.Variable(np.zeros(3, "float32"))
+    sizes = {}
+    for commit in ("gradients", "weight_change"):
+        optimizer = AGNOptimizer(keras.optimizers.SGD(0.1), commit=commit)
+        optimizer.build([variable])
+        sizes[commit] = len(optimizer.variables)
+    assert sizes["weight_change"] == sizes["gradients"] - 1
+    with pytest.raises(KeyError, match="commits the change of the weights"):
+        optimizer.grad_variable(variable)
+
+
+def test_bytes_per_round_follow_the_communication_dtype():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    sizes = {}
+    for dtype in (None, "float32", "bfloat16", "float16"):
+        optimizer = AGNOptimizer(
+            keras.optimizers.SGD(0.1), communication_dtype=dtype
+        )
+        optimizer.build(model.trainable_variables)
+        sizes[dtype] = optimizer.bytes_per_round
+    assert sizes == {None: 60, "float32": 60, "bfloat16": 30, "float16": 30}
+    with pytest.raises(ValueError, match="built on the first training step"):
+        AGNOptimizer(keras.optimizers.SGD(0.1)).bytes_per_round
+
+
+def test_float32_communication_is_bit_identical_to_the_default():
+    default = run_rule({}, keras.optimizers.Adam(0.1), None)[2]
+    float32 = run_rule(
+        {"communication_dtype": "float32"}, keras.optimizers.Adam(0.1), None
+    )[2]
+    for (a_local, a_center), (b_local, b_center) in zip(default, float32):
+        np.testing.assert_array_equal(a_local, b_local)
+        np.testing.assert_array_equal(a_center, b_center)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"commit": "deltas"}, ValueError, "`commit` must be one of"),
+        ({"commit": None}, ValueError, "Received: commit=None"),
+        ({"normalize": "yes"}, TypeError, "`normalize` must be True"),
+        ({"normalize": 1}, TypeError, "Received: normalize=1"),
+        (
+            {"communication_dtype": "int8"},
+            ValueError,
+            "`communication_dtype` must be None",
+        ),
+    ],
+)
+def test_invalid_rule_options(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        AGNOptimizer(keras.optimizers.SGD(0.1), **kwargs)
+
+
+def test_rule_options_round_trip_through_config():
+    optimizer = AGNOptimizer(
+        keras.optimizers.AdamW(0.01),
+        8,
+        outer_optimizer=keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),
+        commit="weight_change",
+        normalize=False,
+        communication_dtype="float16",
+    )
+    restored = AGNOptimizer.from_config(optimizer.get_config())
+    for option in ("commit", "normalize", "communication_dtype"):
+        assert getattr(restored, option) == getattr(optimizer, option)
+    assert restored.outer_optimizer.nesterov
