@@ -260,6 +260,10 @@ class AGNOptimizer(keras.optimizers.Optimizer):
        reset. So the outer optimizer sees the dense mean gradient of the
        period, also for variables whose gradients are sparse.
 
+    That is the default rule; `commit="weight_change"` commits the change
+    of the local weights instead, and `normalize=False` leaves the commit
+    undivided (see `commit` below and the README's four recipes).
+
     With the default outer optimizer (a fresh copy of the inner one),
     `communication_period=1` trains exactly as the bare inner optimizer: the
     outer optimizer then takes each step's gradients as they come, sparse
@@ -315,6 +319,17 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         name: The name of the optimizer; by default a unique one made from
             the class name, as for any Keras optimizer (`"agn_optimizer"`,
             then `"agn_optimizer_1"`, ...).
+        commit: What each worker commits at the end of a period, which the
+            outer optimizer applies as a gradient: `"gradients"` (the
+            default, the contrib AGNOptimizer's rule) the sum of the
+            period's gradients; `"weight_change"` (Hermans's code, DiLoCo)
+            `center - variable`, how far the period's local steps moved
+            (no gradient accumulators are kept).
+        normalize: Whether the commit is divided by the period (AGN's
+            normalization; DiLoCo does not divide).
+        communication_dtype: `None` (the variables' dtype, bit-exact),
+            `"float32"`, `"bfloat16"` or `"float16"`: the dtype each commit
+            is rounded to and all-reduced in.
 
     Example:
 
