@@ -341,6 +341,8 @@ def test_inf_nan_check_skips_a_step_on_every_worker_when_one_is_not_finite(
     for worker in workers:
         np.testing.assert_array_equal(worker["sgd_skipped_steps"], [1, 1])
         np.testing.assert_array_equal(worker["agn_skipped_steps"], [1, 1])
+        # "stop": both workers stop after the commit that counted the skip.
+        assert worker["agn_stop_steps"] == 4
         for name in reference.files:
             if name != "sgd_skipped_steps":
                 np.testing.assert_allclose(

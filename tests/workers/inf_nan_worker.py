@@ -26,7 +26,7 @@ import keras_clones
 NAN_ROW = 2 * GLOBAL_BATCH + GLOBAL_BATCH * 3 // 4  # Worker 1's half.
 
 
-def train(model, make_optimizer, with_nan):
+def train(model, make_optimizer, with_nan, mode="skip"):
     x, y = data()
     if with_nan:
         x[NAN_ROW, 0] = np.nan
@@ -36,9 +36,10 @@ def train(model, make_optimizer, with_nan):
     with model.distribute_strategy.scope():
         model.compile(make_optimizer(), "mse")
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
-    callbacks = [keras_clones.callbacks.InfNanCheck()] if with_nan else []
+    callbacks = [keras_clones.callbacks.InfNanCheck(mode)] if with_nan else []
     history = model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=callbacks)
     return {
+        "steps": model.optimizer.iterations.numpy(),
         "loss": np.array(history.history["loss"]),
         "skipped_steps": np.array(history.history.get("skipped_steps", [])),
         **{f"weight_{i}": w.numpy() for i, w in enumerate(model.weights)},
@@ -58,9 +59,12 @@ def worker(out, index):
     with strategy.scope():
         plain = clone_model(batch_norm=False, num_clones=2)
         agn = clone_model(batch_norm=False, num_clones=2)
+        stopped = clone_model(batch_norm=False, num_clones=2)
     arrays = {f"sgd_{k}": v for k, v in train(plain, sgd, True).items()}
     for k, v in train(agn, agn_sgd, True).items():
         arrays[f"agn_{k}"] = v
+    # Worker 1 alone skips step 3; both learn of it at step 4's commit.
+    arrays["agn_stop_steps"] = train(stopped, agn_sgd, True, "stop")["steps"]
     np.savez(os.path.join(out, f"inf_nan_{index}.npz"), **arrays)
 
 
