@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: setup demo test format bench bench-agn bench-callbacks bench-multiworker clean conformance
+.PHONY: setup demo test format bench bench-agn bench-agn-rounds bench-callbacks bench-multiworker clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ bench: setup
 
 bench-agn: setup
 	$(BIN)/python bench/agn.py
+
+bench-agn-rounds: setup
+	$(BIN)/python bench/agn_rounds.py
 
 bench-callbacks: setup
 	$(BIN)/python bench/callbacks.py
