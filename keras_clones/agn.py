@@ -675,21 +675,25 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self.build(trainable_variables)
         pairs = _with_gradients(grads, trainable_variables)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
-        if topology.across_workers(tf.distribute.get_strategy()):
-            # Each worker skips its own non-finite local steps (its guard
-            # does not communicate); the workers agree at the commit.
-            self._step_hooks.run(
-                Step(grads, variables, skip_agreement="deferred"),
-                lambda: self.apply_local(grads, variables),
-            )
-            self.end_local_step(grads, variables, self._step_hooks)
-            return
+        # Across workers the guard skips a local step on this worker alone
+        # (it does not communicate), and every worker ends the step, so
+        # that all commit together; in one process it guards both halves.
+        across = topology.across_workers(tf.distribute.get_strategy())
 
-        def whole_step():
+        def end_local_step():
+            self.end_local_step(grads, variables, self._step_hooks)
+
+        def update():
             self.apply_local(grads, variables)
-            self.end_local_step(grads, variables, self._step_hooks)
+            if not across:
+                end_local_step()
 
-        self._step_hooks.run(Step(grads, variables), whole_step)
+        agreement = "deferred" if across else "all_reduce"
+        self._step_hooks.run(
+            Step(grads, variables, skip_agreement=agreement), update
+        )
+        if across:
+            end_local_step()
 
     def apply_local(self, grads, trainable_variables):
         """The first half of `apply`: this worker's local step.
