@@ -257,7 +257,10 @@ def worker_main(argv):
             runs.append(
                 trainer.run(rule, period, dtype, 0, QUICK_EPOCHS, lrs[rule])
             )
-        meta.update(sync_epochs=QUICK_EPOCHS, level_off=None)
+        # Not a budget (2 epochs), but the workers agree on it as in a full
+        # run.
+        level_off = agree(level_off_epoch(mean_curve(runs[:1])))
+        meta.update(sync_epochs=QUICK_EPOCHS, level_off=level_off)
         meta["epochs"] = QUICK_EPOCHS
     else:
         for seed in SEEDS:
@@ -333,24 +336,16 @@ class Trainer:
         self.x_train, self.y_train, self.x_held_out, self.y_held_out = data
         self.steps_per_epoch = len(self.y_train) // GLOBAL_BATCH
 
-        @tf.function
-        def chief_value(value):
-            def replica_fn(value):
-                context = tf.distribute.get_replica_context()
-                return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
-
-            return strategy.run(replica_fn, args=(value,))
-
-        self._chief_value = chief_value
-
     def agree(self, value):
-        """The chief's integer `value`, on every worker (a sum of the
-        chief's value and zeros)."""
-        mine = self.tf.constant(float(value) if self.chief else 0.0)
-        result = self._chief_value(mine)
-        return int(
-            round(float(self.strategy.experimental_local_results(result)[0]))
+        """The chief's integer `value`, on every worker (the sum of the
+        chief's value and the others' zeros)."""
+        tf = self.tf
+        mine = float(value) if self.chief else 0.0
+        values = self.strategy.experimental_distribute_values_from_function(
+            lambda context: tf.constant(mine)
         )
+        total = self.strategy.reduce(tf.distribute.ReduceOp.SUM, values, None)
+        return int(round(float(total)))
 
     def optimizer(self, rule, period, dtype, lr):
         keras, agn = self.keras, self.keras_clones.AGNOptimizer
@@ -430,6 +425,7 @@ class Trainer:
             callbacks=[
                 keras.callbacks.LambdaCallback(on_epoch_end=score_global_model)
             ],
+            shuffle=False,  # The dataset shuffles.
             verbose=0,
         )
         seconds = time.perf_counter() - start
@@ -631,7 +627,13 @@ def main():
         meta["target"] = target
         order = list(by_config(runs))
         sync = rows[config_name("sync", 1)]
-        if meta["level_off"] is not None:
+        if args.quick:
+            print(
+                f"Quick run: every configuration runs {meta['epochs']} "
+                f"epochs (synchronous training's level-off epoch in them: "
+                f"{meta['level_off']})."
+            )
+        else:
             print(
                 f"Synchronous training levels off at epoch "
                 f"{meta['level_off']} (mean within {100 * LEVEL_TOLERANCE:g} "
