@@ -18,7 +18,9 @@ each contender it prints the best-of and the median steps per second over
 the rounds, the best as milliseconds per step (AGN's extra work per step
 grows with the weights, not with the batch, so its absolute cost tells
 what a more compute-heavy step would hide) and the last round's loss, then
-the ratios AGN(p) / bare (the project's goal: AGN(10) >= 0.9).
+the ratios AGN(p) / bare (issue 14's goal: AGN(10) >= 0.95). A last
+contender, AGN(10) with `commit="weight_change"`, keeps no gradient
+accumulators, so it shows what the per-step accumulation costs.
 `jit_compile` is left at "auto", which Keras resolves to no XLA on a
 CPU-only machine.
 
@@ -60,8 +62,9 @@ STEPS = 3000  # Steps per timed round.
 QUICK_STEPS = 200
 WARMUP_STEPS = 5
 GOAL_PERIOD = 10
-GOAL = 0.9
+GOAL = 0.95
 BARE = "bare"
+WEIGHT_CHANGE = f"AGN({GOAL_PERIOD}) weight_change"
 
 
 def parse_args():
@@ -128,6 +131,10 @@ def contenders(args):
         optimizers[agn_name(period)] = AGNOptimizer(
             inner_optimizer(args), communication_period=period
         )
+    # The weight-change rule keeps no accumulators: no per-step adds.
+    optimizers[WEIGHT_CHANGE] = AGNOptimizer(
+        inner_optimizer(args), GOAL_PERIOD, commit="weight_change"
+    )
     models = {}
     for name, optimizer in optimizers.items():
         model = mlp()
@@ -182,15 +189,17 @@ def throughput_table(results, args):
         "|---|---:|---:|---:|---|",
     ]
     best_bare, median_bare = summary(results[BARE]["steps_per_s"])
-    for period in PERIODS:
-        best, median = summary(results[agn_name(period)]["steps_per_s"])
+    for period, name in [(p, agn_name(p)) for p in PERIODS] + [
+        (GOAL_PERIOD, WEIGHT_CHANGE)
+    ]:
+        best, median = summary(results[name]["steps_per_s"])
         ratios = (best / best_bare, median / median_bare)
         goal, met = "-", "-"
-        if period == GOAL_PERIOD:
+        if name == agn_name(GOAL_PERIOD):
             goal = f">= {GOAL}"
             met = " / ".join("yes" if r >= GOAL else "NO" for r in ratios)
         lines.append(
-            f"| {agn_name(period)} / {BARE} | {ratios[0]:.2f} | "
+            f"| {name} / {BARE} | {ratios[0]:.2f} | "
             f"{ratios[1]:.2f} | {goal} | {met} |"
         )
     return "\n".join(lines) + "\n"

@@ -29,4 +29,7 @@ def test_bench_agn_quick_prints_ratios_and_memory(run_bench_quick):
             rf"\| AGN\({period}\) / bare \| [0-9.]+ \| [0-9.]+ \|",
             out,
         ), out
+    assert re.search(
+        r"\| AGN\(10\) weight_change / bare \| [0-9.]+ \| [0-9.]+ \|", out
+    ), out
     assert re.search(r"\| AGN - bare \| [0-9,]+ \| [0-9.]+ \|", out)
