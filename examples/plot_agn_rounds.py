@@ -30,6 +30,9 @@ Usage:
 import argparse
 import json
 
+# Line styles of configurations whose names contain these words.
+LINESTYLES = {"DiLoCo": "--", "averaging": "-.", "float16": ":"}
+
 
 def curves_from_runs(runs):
     """{config: {"epoch", "all_reduces", "mean", "low", "high": lists}},
@@ -84,6 +87,9 @@ def plot(curves, path, x="all_reduces", target=None, title=None):
             kept = range(len(xs))
         xs = [xs[i] for i in kept]
         style = {"marker": ".", "linewidth": 1.2}
+        for word, linestyle in LINESTYLES.items():
+            if word in config:
+                style["linestyle"] = linestyle
         if config.startswith("synchronous"):
             style.update(color="black", linewidth=2.0, zorder=3)
         (line,) = axes.plot(

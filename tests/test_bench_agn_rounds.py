@@ -55,6 +55,23 @@ def test_bench_agn_rounds_quick_prints_the_table(tmp_path):
             assert record["all_reduces"] == record["steps"] // run_["period"]
     for x in ("all_reduces", "epoch"):
         assert (tmp_path / f"agn_rounds_{x}.png").stat().st_size > 0
+    assert "| to 0.5 pt below" in out, out
+    # The same tables again from the records, without training.
+    figures = tmp_path / "figures"
+    again = run(
+        [
+            ROOT / "bench" / "agn_rounds.py",
+            "--from-json",
+            tmp_path / "agn_rounds.json",
+            "--figures",
+            figures,
+        ],
+        timeout=120,
+    )
+    assert [m.group(0) for m in ROW.finditer(again)] == [
+        m.group(0) for m in ROW.finditer(out)
+    ]
+    assert (figures / "agn_rounds_all_reduces.png").stat().st_size > 0
 
 
 def test_plot_example_writes_a_png(tmp_path):
