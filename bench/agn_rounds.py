@@ -78,11 +78,10 @@ import importlib.util
 import json
 import os
 import pathlib
-import signal
-import subprocess
 import sys
-import threading
 import time
+
+import launching
 
 WORKER_FLAG = "--worker"
 RESULT = "RESULT "
@@ -515,57 +514,29 @@ def parse_args():
     return args
 
 
-def launch_script():
-    """The path of `keras_clones/launch.py`, found without importing the
-    package, whose `__init__` imports TensorFlow; `launch.py` itself
-    imports only the standard library."""
-    package = importlib.util.find_spec("keras_clones")
-    return os.path.join(package.submodule_search_locations[0], "launch.py")
-
-
 def launch(args):
     """Runs the workers; the chief's result, or None if the launch failed."""
-    command = [sys.executable, launch_script(), "--workers", str(WORKERS)]
-    command += ["--grace-period", "10", __file__, WORKER_FLAG]
-    command += ["--lr", repr(args.lr)] if args.lr else []
-    command += ["--quick"] if args.quick else []
-    command += ["--lr-sweep"] if args.lr_sweep else []
-    env = dict(os.environ, PYTHONUNBUFFERED="1", KERAS_BACKEND="tensorflow")
-    # A session of its own, so that a stuck launch and its workers can be
-    # stopped together.
-    process = subprocess.Popen(
-        command,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,
+    arguments = [__file__, WORKER_FLAG]
+    arguments += ["--lr", repr(args.lr)] if args.lr else []
+    arguments += ["--quick"] if args.quick else []
+    arguments += ["--lr-sweep"] if args.lr_sweep else []
+    env = dict(os.environ, KERAS_BACKEND="tensorflow")
+    progress = "[worker 0] " + PROGRESS
+
+    def show_progress(line):
+        if line.startswith(progress):
+            print(line[len(progress) :], flush=True)
+
+    status, lines = launching.run_launch(
+        WORKERS, arguments, TIMEOUT, env=env, on_line=show_progress
     )
-    lines = []
-
-    def read():
-        for line in process.stdout:
-            lines.append(line.rstrip("\n"))
-            if line.startswith("[worker 0] " + PROGRESS):
-                print(line[len("[worker 0] " + PROGRESS) :], end="", flush=True)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        process.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        lines.append(f"(stopped after {TIMEOUT} s)")
-    reader.join(10)
     prefix = "[worker 0] " + RESULT
     for line in lines:
         if line.startswith(prefix):
             return json.loads(line[len(prefix) :])
     tail = "\n".join(lines[-60:])
     print(
-        f"The launch failed (exit status {process.returncode}); the last "
+        f"The launch failed (exit status {status}); the last "
         f"lines of its output:\n{tail}",
         flush=True,
     )

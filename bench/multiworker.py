@@ -88,11 +88,12 @@ import argparse
 import importlib.util
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
+
+import launching
+from launching import positive_int
 
 WORKER_FLAG = "--worker"
 RESULT = "RESULT "
@@ -427,62 +428,26 @@ def parse_args():
     return args
 
 
-def positive_int(text):
-    # As in bench/harness.py, which imports Keras: the driver runs none.
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def launch_script():
-    """The path of `keras_clones/launch.py`, found without importing the
-    package, whose `__init__` imports TensorFlow (seconds of start-up per
-    launch, on the cores the workers start on); `launch.py` itself imports
-    only the standard library.
-    """
-    package = importlib.util.find_spec("keras_clones")
-    return os.path.join(package.submodule_search_locations[0], "launch.py")
-
-
 def run_variant(name, args):
     """Launches one variant; the chief's result, or None if it failed."""
     kind, period, workers, execution = ALL_VARIANTS[name]
-    command = [sys.executable, launch_script(), "--workers", str(workers)]
-    command += ["--grace-period", "10", __file__, WORKER_FLAG, kind]
-    command += ["--period", str(period), "--steps", str(args.steps)]
-    command += ["--epochs", str(args.epochs)]
-    command += ["--steps-per-execution", str(execution)]
-    command += ["--evaluate"] if name in EVALUATE_VARIANTS else []
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    arguments = [__file__, WORKER_FLAG, kind]
+    arguments += ["--period", str(period), "--steps", str(args.steps)]
+    arguments += ["--epochs", str(args.epochs)]
+    arguments += ["--steps-per-execution", str(execution)]
+    arguments += ["--evaluate"] if name in EVALUATE_VARIANTS else []
     start = time.perf_counter()
-    # A session of its own, so that a stuck launch and its workers can be
-    # stopped together.
-    process = subprocess.Popen(
-        command,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        output += f"\n(stopped after {TIMEOUT} s)"
+    status, lines = launching.run_launch(workers, arguments, TIMEOUT)
     wall = time.perf_counter() - start
     prefix = "[worker 0] " + RESULT
-    for line in output.splitlines():
+    for line in lines:
         if line.startswith(prefix):
             result = json.loads(line[len(prefix) :])
             result["wall_s"] = wall
             return result
-    tail = "\n".join(output.splitlines()[-40:])
+    tail = "\n".join(lines[-40:])
     print(
-        f"Note: {name} failed (exit status {process.returncode}); the last "
+        f"Note: {name} failed (exit status {status}); the last "
         f"lines of its output:\n{tail}\n",
         flush=True,
     )

@@ -34,20 +34,33 @@ def rng():
     return np.random.default_rng(0)
 
 
+def run_python(args, timeout):
+    """Runs `python ARGS...` in a process of its own; its output, once it
+    has exited successfully."""
+    result = subprocess.run(
+        [sys.executable, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+        timeout=timeout,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result.stdout
+
+
+@pytest.fixture
+def run_script():
+    """`run_python`: runs a script in a process of its own."""
+    return run_python
+
+
 @pytest.fixture
 def run_bench_quick():
-    """Runs `bench/<name>.py --quick` in a process of its own; its output."""
+    """Runs `bench/<name>.py --quick [ARGS...]` in a process of its own;
+    its output."""
 
-    def run(name, timeout):
+    def run(name, timeout, *args):
         script = pathlib.Path(__file__).parent.parent / "bench" / f"{name}.py"
-        result = subprocess.run(
-            [sys.executable, str(script), "--quick"],
-            capture_output=True,
-            text=True,
-            env=dict(os.environ, KERAS_BACKEND="tensorflow"),
-            timeout=timeout,
-        )
-        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-        return result.stdout
+        return run_python([script, "--quick", *args], timeout)
 
     return run

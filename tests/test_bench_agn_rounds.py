@@ -3,11 +3,8 @@ plotting example writes a PNG."""
 
 import importlib.util
 import json
-import os
 import pathlib
 import re
-import subprocess
-import sys
 
 ROOT = pathlib.Path(__file__).parent.parent
 ROW = re.compile(
@@ -18,23 +15,10 @@ ROW = re.compile(
 )
 
 
-def run(args, timeout):
-    result = subprocess.run(
-        [sys.executable, *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, KERAS_BACKEND="tensorflow"),
-        timeout=timeout,
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    return result.stdout
-
-
-def test_bench_agn_rounds_quick_prints_the_table(tmp_path):
-    out = run(
-        [ROOT / "bench" / "agn_rounds.py", "--quick", "--out", tmp_path],
-        timeout=240,
-    )
+def test_bench_agn_rounds_quick_prints_the_table(
+    tmp_path, run_bench_quick, run_script
+):
+    out = run_bench_quick("agn_rounds", 240, "--out", tmp_path)
     rows = {m["config"]: m for m in ROW.finditer(out)}
     assert set(rows) == {"synchronous", "DiLoCo p=4"}, out
     data = json.loads((tmp_path / "agn_rounds.json").read_text())
@@ -58,7 +42,7 @@ def test_bench_agn_rounds_quick_prints_the_table(tmp_path):
     assert "| to 0.5 pt below" in out, out
     # The same tables again from the records, without training.
     figures = tmp_path / "figures"
-    again = run(
+    again = run_script(
         [
             ROOT / "bench" / "agn_rounds.py",
             "--from-json",
@@ -74,7 +58,7 @@ def test_bench_agn_rounds_quick_prints_the_table(tmp_path):
     assert (figures / "agn_rounds_all_reduces.png").stat().st_size > 0
 
 
-def test_plot_example_writes_a_png(tmp_path):
+def test_plot_example_writes_a_png(tmp_path, run_script):
     records = {
         "target": 0.9,
         "runs": [
@@ -98,9 +82,9 @@ def test_plot_example_writes_a_png(tmp_path):
     path.write_text(json.dumps(records))
     png = tmp_path / "plot.png"
     script = ROOT / "examples" / "plot_agn_rounds.py"
-    run([script, path, "--output", png], timeout=120)
+    run_script([script, path, "--output", png], timeout=120)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    run([script, path, "--output", png, "--x", "epoch"], timeout=120)
+    run_script([script, path, "--output", png, "--x", "epoch"], timeout=120)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
