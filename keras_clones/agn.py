@@ -688,6 +688,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             if not across:
                 end_local_step()
 
+        self.begin_local_step(variables)
         agreement = "deferred" if across else "all_reduce"
         self._step_hooks.run(
             Step(grads, variables, skip_agreement=agreement), update
@@ -695,25 +696,39 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         if across:
             end_local_step()
 
+    def begin_local_step(self, trainable_variables):
+        """Before `apply_local`, on every worker and never skipped: on the
+        first step the centers take the model's values (weights loaded after
+        `build` are the ones to train from), also on a worker whose first
+        local step a guard skips.
+
+        Args:
+            trainable_variables: The variables, as for `apply`.
+        """
+        replica_context = _replica_context()
+        self.build(trainable_variables)
+        variables = [v for v in trainable_variables if not _overwrites(v)]
+        replica_context.merge_call(self._start_from_model, args=(variables,))
+
     def apply_local(self, grads, trainable_variables):
-        """The first half of `apply`: this worker's local step.
+        """The middle part of `apply`: this worker's local step.
 
         The inner optimizer updates the variables, and the gradients are
         accumulated; the step is not counted and nothing is synchronised
-        (`end_local_step` does both). A `CloneModel` training across workers
-        calls the two halves itself, so that its `InfNanCheck` skips a
-        non-finite local step on its own worker only, with no communication.
+        (`end_local_step` does both); `begin_local_step` comes first. A
+        `CloneModel` calls the parts itself, so that across workers its
+        `InfNanCheck` skips a non-finite local step on its own worker only,
+        with no communication.
 
         Args:
             grads: The gradients, as for `apply`.
             trainable_variables: The variables, as for `apply`.
         """
-        replica_context = _replica_context()
+        _replica_context()  # Checks where it is called.
         self.build(trainable_variables)
         grads, variables = _overwrite_with_gradients(
             *zip(*_with_gradients(grads, trainable_variables, warn=False))
         )
-        replica_context.merge_call(self._start_from_model, args=(variables,))
         strategy = tf.distribute.get_strategy()
         workers = strategy.num_replicas_in_sync
         if workers > 1 and topology.one_replica_per_worker(strategy):
@@ -732,7 +747,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 )
 
     def end_local_step(self, grads, trainable_variables, step_hooks=None):
-        """The second half of `apply`: counts the step, and commits at the
+        """The last part of `apply`: counts the step, and commits at the
         end of a period.
 
         The commit (see `commit`) of every worker is averaged in one

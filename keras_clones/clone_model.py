@@ -656,6 +656,8 @@ class CloneModel(keras.Model):
         # A LossScaleOptimizer must see a skipped step's overflow, to lower
         # its scale; it skips its inner optimizer's update itself.
         loss_scaled = optimizer_capabilities.loss_scaled(self.optimizer)
+        if halves and trainable:
+            self.optimizer.begin_local_step(trainable)
         applied = self._step_hooks.run(
             Step(
                 grads,

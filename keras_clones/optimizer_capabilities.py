@@ -36,7 +36,8 @@ def step_hooks(optimizer):
 def takes_local_steps(optimizer):
     """Whether `optimizer` itself (not inside a `LossScaleOptimizer`, which
     calls its `apply`) takes local steps between synchronisations, as an
-    `AGNOptimizer`: it then offers the two halves of `apply`,
+    `AGNOptimizer`: it then offers `apply` in parts,
+    `begin_local_step(variables)`, never skipped,
     `apply_local(grads, variables)`, which a guard may skip on one worker
     alone, and `end_local_step(grads, variables, step_hooks)`, which counts
     the step and commits through the guard of `step_hooks`."""
