@@ -197,6 +197,15 @@ class InfNanCheck(keras.callbacks.Callback):
     lowers its scale; they are counted as skipped, but only a non-finite loss
     stops or raises.
 
+    Across workers (`MultiWorkerMirroredStrategy`, one replica per worker)
+    a step that is not finite on any worker is skipped on every worker (one
+    small all-reduce per step). With an `AGNOptimizer` there is none: each
+    worker skips its own non-finite local steps, which still count toward
+    the period; at each commit the workers add up their skips (one scalar
+    all-reduce), so `skipped_steps`, `"stop"` and `"raise"` agree on every
+    worker; and a commit that is not finite is skipped by every worker (a
+    skipped commit counts as a skipped step).
+
     Args:
         mode: What to do after a non-finite step. `"skip"`: nothing more,
             training goes on. `"stop"`: set `model.stop_training = True`.
