@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
+from keras_clones import optimizer_capabilities
 from keras_clones.multi_worker import collectives
 from keras_clones.multi_worker import topology
 from keras_clones.step_hooks import Step
@@ -675,26 +676,9 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self.build(trainable_variables)
         pairs = _with_gradients(grads, trainable_variables)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
-        # Across workers the guard skips a local step on this worker alone
-        # (it does not communicate), and every worker ends the step, so
-        # that all commit together; in one process it guards both halves.
-        across = topology.across_workers(tf.distribute.get_strategy())
-
-        def end_local_step():
-            self.end_local_step(grads, variables, self._step_hooks)
-
-        def update():
-            self.apply_local(grads, variables)
-            if not across:
-                end_local_step()
-
-        self.begin_local_step(variables)
-        agreement = "deferred" if across else "all_reduce"
-        self._step_hooks.run(
-            Step(grads, variables, skip_agreement=agreement), update
+        optimizer_capabilities.apply_in_parts(
+            self, self._step_hooks, Step(grads, variables)
         )
-        if across:
-            end_local_step()
 
     def begin_local_step(self, trainable_variables):
         """Before `apply_local`, on every worker and never skipped: on the

@@ -627,23 +627,20 @@ class CloneModel(keras.Model):
         Returns whether it applied (a boolean tensor), or None without a
         guard."""
         trainable = self.trainable_variables
-        # An AGNOptimizer's step in two halves, so that the guard also sees
-        # its commit; across workers the local half is this worker's alone,
-        # and every worker ends the step (and commits) unguarded.
-        halves = self._replicas is None and (
-            optimizer_capabilities.takes_local_steps(self.optimizer)
-        )
-        across = halves and topology.across_workers(self.distribute_strategy)
-
-        def end_local_step():
-            self.optimizer.end_local_step(grads, trainable, self._step_hooks)
+        step = Step(grads, trainable, loss, tuple(run.contributions))
+        if (
+            self._replicas is None
+            and trainable
+            and optimizer_capabilities.takes_local_steps(self.optimizer)
+        ):
+            # An AGNOptimizer's step in parts, so that across workers the
+            # guard skips only this worker's local step.
+            return optimizer_capabilities.apply_in_parts(
+                self.optimizer, self._step_hooks, step, before=run.state.apply
+            )
 
         def apply_gradients():
-            if halves:
-                self.optimizer.apply_local(grads, trainable)
-                if not across:
-                    end_local_step()
-            elif self._replicas is None:
+            if self._replicas is None:
                 self.optimizer.apply(grads, trainable)
             else:
                 self._replicas.apply(run.grads)
@@ -656,22 +653,9 @@ class CloneModel(keras.Model):
         # A LossScaleOptimizer must see a skipped step's overflow, to lower
         # its scale; it skips its inner optimizer's update itself.
         loss_scaled = optimizer_capabilities.loss_scaled(self.optimizer)
-        if halves and trainable:
-            self.optimizer.begin_local_step(trainable)
-        applied = self._step_hooks.run(
-            Step(
-                grads,
-                trainable,
-                loss,
-                tuple(run.contributions),
-                skip_agreement="deferred" if across else "all_reduce",
-            ),
-            update,
-            on_skip=apply_gradients if loss_scaled else None,
+        return self._step_hooks.run(
+            step, update, on_skip=apply_gradients if loss_scaled else None
         )
-        if across and trainable:
-            end_local_step()
-        return applied
 
     def _logs(self, data, y_pred, batch_size, loss, run, applied=None):
         """Phase 5: the loss and compiled metrics on the whole batch, and

@@ -8,6 +8,8 @@ Never by type: an optimizer offers a capability by having the attribute
 import keras
 import tensorflow as tf
 
+from keras_clones.multi_worker import topology
+
 
 def unwrapped(optimizer):
     """The optimizer a `LossScaleOptimizer` wraps, else `optimizer`."""
@@ -42,6 +44,40 @@ def takes_local_steps(optimizer):
     alone, and `end_local_step(grads, variables, step_hooks)`, which counts
     the step and commits through the guard of `step_hooks`."""
     return callable(getattr(optimizer, "end_local_step", None))
+
+
+def apply_in_parts(optimizer, hooks, step, before=None):
+    """One step of an optimizer that `takes_local_steps`, through `hooks`.
+
+    Its first step's start is never skipped; the guard (if any) sees `step`
+    and may skip the local step (and `before()`, e.g. a model's state
+    update, which runs first). In one process the end of the step (and a
+    commit) is guarded too, so a skipped step changes nothing; across
+    workers every worker ends the step, so that all commit together, and a
+    skip is this worker's alone, counted at the commit.
+
+    Returns:
+        As `StepHooks.run`: whether the guarded update ran, or None.
+    """
+    grads, variables = step.grads, step.variables
+    across = topology.across_workers(tf.distribute.get_strategy())
+
+    def end_local_step():
+        optimizer.end_local_step(grads, variables, hooks)
+
+    def update():
+        if before is not None:
+            before()
+        optimizer.apply_local(grads, variables)
+        if not across:
+            end_local_step()
+
+    optimizer.begin_local_step(variables)
+    agreement = "deferred" if across else "all_reduce"
+    applied = hooks.run(step._replace(skip_agreement=agreement), update)
+    if across:
+        end_local_step()
+    return applied
 
 
 def copies_can_apply(optimizer):
