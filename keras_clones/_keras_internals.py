@@ -24,6 +24,7 @@ from keras.src.utils.tracking import no_automatic_dependency_tracking
 __all__ = [
     "Functional",
     "OVERRIDDEN_PRIVATE_METHODS",
+    "assert_compiled",
     "TensorFlowTrainer",
     "built_variables",
     "call_has_training_arg",
@@ -36,6 +37,8 @@ __all__ = [
     "learning_rate_object",
     "loss_tracker",
     "no_automatic_dependency_tracking",
+    "initial_epoch",
+    "on_this_process",
     "own_variables",
     "symbolic_build",
     "track_variable",
@@ -78,6 +81,29 @@ def symbolic_build(model, iterator=None, data_batch=None):
     """Builds `model`, its compiled loss and metrics, and its optimizer from
     the shapes of a batch, without running a step."""
     model._symbolic_build(iterator=iterator, data_batch=data_batch)
+
+
+def assert_compiled(model, method_name):
+    """Raises Keras's own error if `model` is not compiled."""
+    model._assert_compile_called(method_name)
+
+
+def initial_epoch(model):
+    """The epoch `fit` resumes from, as `BackupAndRestore` set it, or None."""
+    return model._initial_epoch
+
+
+@contextlib.contextmanager
+def on_this_process(model):
+    """Keras's own loops of `model` run under the strategy in scope (the
+    default one outside any scope), not the one `model` was created under:
+    under a `ParameterServerStrategy`, on the coordinator."""
+    previous = model._distribute_strategy
+    model._distribute_strategy = None
+    try:
+        yield
+    finally:
+        model._distribute_strategy = previous
 
 
 def keras_mask(tensor):

@@ -17,6 +17,8 @@ from keras_clones.multi_worker import files
 from keras_clones.multi_worker import functions
 from keras_clones.multi_worker import topology
 from keras_clones.multi_worker import worker
+from keras_clones.parameter_server import cluster
+from keras_clones.parameter_server import fitting
 from keras_clones.step_hooks import Step
 from keras_clones.step_hooks import StepHooks
 
@@ -413,12 +415,12 @@ class CloneModel(keras.Model):
     def _check_deployment(self):
         if self._deployment.num_ps_tasks > 0:
             raise ValueError(
-                "Keras 3 has no parameter-server training, so CloneModel "
-                "cannot train with `num_ps_tasks="
-                f"{self._deployment.num_ps_tasks}`. Use "
-                "`num_ps_tasks=0` for clones on one machine; for several "
-                "machines, use multi-worker training on tf.distribute "
-                "(`tf.distribute.MultiWorkerMirroredStrategy`)."
+                "A CloneModel with `num_ps_tasks="
+                f"{self._deployment.num_ps_tasks}` trains only with `fit` "
+                "under `tf.distribute.ParameterServerStrategy`, whose cluster "
+                "decides the parameter servers: leave `num_ps_tasks` at 0 "
+                "there too, and use `num_ps_tasks=0` here (clones on one "
+                "machine, or `evaluate` and `predict` on the coordinator)."
             )
         try:
             self._deployment.check_devices()
@@ -522,6 +524,54 @@ class CloneModel(keras.Model):
         # Logs, as a plain model reports them (`clone_i_loss` in fit's).
         logs = self._logs(
             (x, y, sample_weight), y_pred, batch_size, loss, run, applied
+        )
+        logs.update(self._fit_only_logs())
+        return logs
+
+    def compute_gradients(self, data):
+        """The first half of `train_step`, where parameter-server training
+        runs it: on a worker, against the variables it reads from the
+        parameter servers.
+
+        Splits `data` and runs the clones, and moves the float state
+        (BatchNormalization's) there. Returns a dict of tensors for
+        `apply_computed_gradients`: the gradients summed over clones, and
+        what the logs need.
+        """
+        (_, y, sample_weight), batch_size, clones = self._split(data)
+        run = self._run_clones(clones, training=True)
+        with tf.device(self._deployment.optimizer_device()):
+            grads = self._combine(run)
+            run.state.apply()
+            y_pred = _merge_outputs(run.y_preds, run.sizes)
+        return {
+            "grads": grads,
+            "y": y,
+            "y_pred": y_pred,
+            "sample_weight": sample_weight,
+            "batch_size": batch_size,
+            "clone_contributions": run.contributions,
+            "clone_losses": run.losses,
+            "clone_sizes": run.sizes,
+        }
+
+    def apply_computed_gradients(self, computed):
+        """The second half of `train_step` (see `compute_gradients`): one
+        optimizer update through the step hooks, and the logs. Metrics get
+        `x=None`: the inputs stay on the worker."""
+        run = _ClonesRun(
+            computed["clone_contributions"],
+            computed["clone_losses"],
+            computed["clone_sizes"],
+            [computed["y_pred"]],
+            [computed["grads"]],
+            _StateUpdate([]),
+        )
+        loss = tf.add_n(run.contributions)
+        applied = self._apply(run, computed["grads"], loss)
+        data = (None, computed["y"], computed["sample_weight"])
+        logs = self._logs(
+            data, computed["y_pred"], computed["batch_size"], loss, run, applied
         )
         logs.update(self._fit_only_logs())
         return logs
@@ -714,6 +764,8 @@ class CloneModel(keras.Model):
 
     def fit(self, *args, **kwargs):
         with self._logging_for_fit(True):
+            if cluster.is_parameter_server(self.distribute_strategy):
+                return fitting.fit(self, super().fit, args, kwargs)
             return worker.run_as_worker(self, super().fit, args, kwargs)
 
     def evaluate(self, *args, **kwargs):
@@ -722,7 +774,7 @@ class CloneModel(keras.Model):
         validation = isinstance(
             kwargs.get("callbacks"), keras.callbacks.CallbackList
         )
-        with self._logging_for_fit(False):
+        with self._logging_for_fit(False), self._on_coordinator():
             logs = worker.run_as_worker(self, super().evaluate, args, kwargs)
         if validation and isinstance(logs, dict):
             for name, value in self._clone_losses.results().items():
@@ -738,7 +790,20 @@ class CloneModel(keras.Model):
         return internals.flatten_metrics_in_order(self, logs)
 
     def predict(self, *args, **kwargs):
-        return worker.run_as_worker(self, super().predict, args, kwargs)
+        with self._on_coordinator():
+            return worker.run_as_worker(self, super().predict, args, kwargs)
+
+    def _on_coordinator(self):
+        """Under a `ParameterServerStrategy`, `evaluate` and `predict` run on
+        the coordinator (this process), reading the parameter servers."""
+        if not cluster.is_parameter_server(self.distribute_strategy):
+            return contextlib.nullcontext()
+        if tf.distribute.has_strategy():
+            raise RuntimeError(
+                "Under ParameterServerStrategy, `evaluate` and `predict` run "
+                "on the coordinator: call them outside `strategy.scope()`."
+            )
+        return internals.on_this_process(self)
 
     def save(self, filepath, *args, **kwargs):
         if str(filepath).endswith((".h5", ".hdf5")):

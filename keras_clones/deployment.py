@@ -242,8 +242,10 @@ class DeploymentConfig:
     `replica_id`, `num_replicas`, `num_ps_tasks` and the job names describe a
     parameter-server topology: they prefix device strings with
     `/job:<worker_job_name>` and spread variables round-robin over
-    `/job:<ps_job_name>/task:k`. Keras 3 has no parameter-server training,
-    so `CloneModel.fit` refuses `num_ps_tasks > 0`.
+    `/job:<ps_job_name>/task:k`. `CloneModel` trains with `num_ps_tasks > 0`
+    only under `tf.distribute.ParameterServerStrategy`, whose cluster places
+    the variables; there the defaults take the cluster as it is, and values
+    that contradict it are refused.
 
     Device strings are checked for syntax here, without starting the
     TensorFlow runtime (so logical devices can still be configured), and

@@ -125,7 +125,7 @@ def launch(script, args=(), workers=2, grace_period=30.0):
         )
     if not os.path.isfile(script):
         raise FileNotFoundError(f"No such script: {script!r}.")
-    cluster = [f"127.0.0.1:{port}" for port in _free_ports(workers)]
+    cluster = [f"127.0.0.1:{port}" for port in free_ports(workers)]
     lock = threading.Lock()
     processes, readers, failed = [], [], []
     error_lines = [_ErrorLine() for _ in range(workers)]
@@ -180,9 +180,10 @@ def _die_with_parent():
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def _free_ports(count):
+def free_ports(count):
+    """`count` distinct free ports on 127.0.0.1."""
     # All sockets stay bound until every port is picked, so the ports are
-    # distinct; another process could take one before its worker binds it.
+    # distinct; another process could take one before its server binds it.
     sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:

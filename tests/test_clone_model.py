@@ -436,10 +436,10 @@ def test_refused_under_a_strategy_with_several_replicas():
             mlp(CloneModel, deployment=TWO_CPUS)
 
 
-def test_parameter_servers_are_refused_at_fit():
+def test_parameter_servers_without_their_strategy_are_refused_at_fit():
     model = mlp(CloneModel, deployment=DeploymentConfig(num_ps_tasks=1))
     model.compile("sgd", "sparse_categorical_crossentropy")
-    with pytest.raises(ValueError, match="MultiWorkerMirroredStrategy"):
+    with pytest.raises(ValueError, match="only with `fit` under `tf.distr"):
         model.fit(*data(4), verbose=0)
 
 

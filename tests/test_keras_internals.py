@@ -10,6 +10,7 @@ import inspect
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import keras_clones
@@ -119,6 +120,44 @@ def test_symbolic_build_builds_model_and_optimizer():
     internals.symbolic_build(model, data_batch=data)
     assert model.built and model.optimizer.built
     assert model.layers[0].kernel.shape == (3, 2)
+
+
+def test_assert_compiled_raises_keras_own_error():
+    model = keras.Sequential([keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="must call `compile\(\)`"):
+        internals.assert_compiled(model, "fit")
+    model.compile(optimizer="sgd", loss="mse")
+    internals.assert_compiled(model, "fit")
+
+
+def test_initial_epoch_is_where_backup_and_restore_resumes(tmp_path):
+    class InterruptAtEpoch1(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                raise RuntimeError("interrupted")
+
+    x, y = np.ones((4, 3)), np.zeros((4, 2))
+    model = compiled_model()
+    assert not internals.initial_epoch(model)
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path))
+    with pytest.raises(RuntimeError, match="interrupted"):
+        model.fit(
+            x, y, epochs=3, verbose=0, callbacks=[backup, InterruptAtEpoch1()]
+        )
+    resumed = compiled_model()
+    history = resumed.fit(x, y, epochs=3, verbose=0, callbacks=[backup])
+    assert internals.initial_epoch(resumed) == 1
+    assert len(history.history["loss"]) == 2
+
+
+def test_on_this_process_runs_keras_loops_under_the_strategy_in_scope():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = compiled_model()
+    assert model.distribute_strategy is strategy
+    with internals.on_this_process(model):
+        assert model.distribute_strategy is not strategy
+    assert model.distribute_strategy is strategy
 
 
 def test_keras_mask():

@@ -1,0 +1,201 @@
+"""`fit` on a `ParameterServerStrategy`, run by the coordinator.
+
+Keras's own loop, over asynchronous steps (`training.AsyncTraining`): a
+step is one worker batch, applied by the coordinator; an epoch is
+`steps_per_epoch` steps and ends when all of them are applied. Callbacks,
+the progress bar and `History` see every step as the coordinator applies
+it; `BackupAndRestore` and `ModelCheckpoint` save from the coordinator.
+"""
+
+import inspect
+
+import keras
+import tensorflow as tf
+
+from keras_clones import _keras_internals as internals
+from keras_clones import optimizer_capabilities
+from keras_clones.parameter_server import cluster
+from keras_clones.parameter_server.training import AsyncTraining
+
+# `fit`'s arguments that parameter-server training does not take, with their
+# defaults and what to do instead.
+_REFUSED = {
+    "y": (None, "put the targets in the dataset's elements, `(x, y)`"),
+    "sample_weight": (
+        None,
+        "put the weights in the dataset's elements, `(x, y, sample_weight)`",
+    ),
+    "batch_size": (None, "batch the dataset"),
+    "class_weight": (None, "weight the samples in the dataset"),
+    "validation_split": (0.0, "call `evaluate` after `fit`"),
+    "validation_data": (None, "call `evaluate` after `fit`"),
+}
+
+
+def fit(model, fit_method, args, kwargs):
+    """Runs `model.fit(*args, **kwargs)` (with `fit_method`'s signature)
+    as asynchronous training on the model's `ParameterServerStrategy`."""
+    bound = inspect.signature(fit_method).bind(*args, **kwargs)
+    bound.apply_defaults()
+    arguments = bound.arguments
+    internals.assert_compiled(model, "fit")
+    check_arguments(model, arguments)
+    dataset = _repeated(arguments["x"])
+    _build(model, dataset)
+    training = AsyncTraining(model, dataset)
+    epochs = arguments["epochs"]
+    steps = arguments["steps_per_epoch"]
+    callbacks = arguments["callbacks"]
+    if not isinstance(callbacks, keras.callbacks.CallbackList):
+        verbose = arguments["verbose"]
+        callbacks = keras.callbacks.CallbackList(
+            callbacks,
+            add_history=True,
+            add_progbar=verbose != 0,
+            verbose=verbose,
+            epochs=epochs,
+            steps=steps,
+            model=model,
+        )
+    model.stop_training = False
+    callbacks.on_train_begin()
+    epoch_logs = None
+    initial_epoch = internals.initial_epoch(model) or arguments["initial_epoch"]
+    for epoch in range(initial_epoch, epochs):
+        model.reset_metrics()
+        training.reset_metrics()
+        callbacks.on_epoch_begin(epoch)
+        logs = training.run_epoch(steps, callbacks)
+        epoch_logs = {name: float(value) for name, value in logs.items()}
+        callbacks.on_epoch_end(epoch, epoch_logs)
+        if model.stop_training:
+            break
+    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+        model.optimizer.finalize_variable_values(model.trainable_weights)
+    callbacks.on_train_end(logs=epoch_logs)
+    return model.history
+
+
+def check_arguments(model, arguments):
+    """Raises a clear error for what parameter-server training cannot do."""
+    x = arguments["x"]
+    if not (isinstance(x, tf.data.Dataset) or callable(x)):
+        raise TypeError(
+            "Under ParameterServerStrategy, `fit` takes a `tf.data.Dataset` "
+            "or a function returning one, which every worker iterates (each "
+            f"its own copy). Received: x of type {type(x).__name__}. Wrap "
+            "arrays with `tf.data.Dataset.from_tensor_slices((x, y))"
+            ".batch(...)`."
+        )
+    for name, (default, instead) in _REFUSED.items():
+        if not _is_default(arguments[name], default):
+            raise ValueError(
+                f"Under ParameterServerStrategy, `fit` does not take "
+                f"`{name}`: {instead}. Received: {name} of type "
+                f"{type(arguments[name]).__name__}."
+            )
+    steps = arguments["steps_per_epoch"]
+    if steps is None:
+        raise ValueError(
+            "Under ParameterServerStrategy, `fit` needs `steps_per_epoch`: "
+            "the workers repeat their datasets, so an epoch is a number of "
+            "steps (worker batches). Pass `steps_per_epoch=...`."
+        )
+    if model.steps_per_execution != 1:
+        raise ValueError(
+            "Under ParameterServerStrategy, each step is applied on its own, "
+            "so `steps_per_execution` must be 1. Received: "
+            f"steps_per_execution={model.steps_per_execution}. Compile "
+            "without it."
+        )
+    optimizer = optimizer_capabilities.unwrapped(model.optimizer)
+    if optimizer_capabilities.takes_local_steps(optimizer):
+        raise ValueError(
+            "AGNOptimizer does not train under ParameterServerStrategy yet "
+            "(asynchronous commits are on the way). Use a plain Keras "
+            "optimizer (asynchronous SGD, as DOWNPOUR), or AGNOptimizer "
+            "under MultiWorkerMirroredStrategy."
+        )
+    check_deployment(model.deployment, model.distribute_strategy)
+
+
+def check_deployment(deployment, strategy):
+    """Raises `ValueError` if `deployment` contradicts `strategy`'s
+    cluster. Its defaults take the cluster as it is."""
+    workers, ps = cluster.num_workers(strategy), cluster.num_ps(strategy)
+    problems = []
+    if deployment.num_ps_tasks not in (0, ps):
+        problems.append(
+            f"num_ps_tasks={deployment.num_ps_tasks} (the cluster has "
+            f"{ps} parameter servers)"
+        )
+    if deployment.num_replicas not in (1, workers):
+        problems.append(
+            f"num_replicas={deployment.num_replicas} (the cluster has "
+            f"{workers} workers)"
+        )
+    jobs = (deployment.worker_device, deployment.ps_device)
+    if deployment.num_ps_tasks and jobs != ("/job:worker", "/job:ps"):
+        config = deployment.get_config()
+        problems.append(
+            f"worker_job_name={config['worker_job_name']!r}, "
+            f"ps_job_name={config['ps_job_name']!r} (the strategy's jobs "
+            "are 'worker' and 'ps')"
+        )
+    if problems:
+        raise ValueError(
+            "The model's DeploymentConfig contradicts the "
+            "ParameterServerStrategy's cluster: "
+            f"{'; '.join(problems)}. Leave `num_ps_tasks`, `num_replicas` "
+            "and the job names at their defaults: the strategy's cluster "
+            "decides them."
+        )
+    if deployment.replica_id != 0:
+        raise ValueError(
+            "Under ParameterServerStrategy, the coordinator schedules each "
+            "step on whichever worker is free, so `replica_id` means "
+            "nothing and must be 0. Received: "
+            f"replica_id={deployment.replica_id}."
+        )
+    devices = cluster.worker_devices()
+    for i in range(deployment.num_clones):
+        device = tf.DeviceSpec.from_string(deployment.clone_device(i))
+        local = device.replace(job=None).to_string()
+        if local and local not in devices:
+            raise ValueError(
+                f"Clone {i} is placed on {local!r}, which the workers do not "
+                f"have. Their devices: {', '.join(sorted(devices))}. Give "
+                "the model a deployment for the workers' devices: "
+                "`model.deployment = keras_clones.DeploymentConfig("
+                "devices=[...])`."
+            )
+    if deployment.variable_update == "replicated":
+        raise ValueError(
+            "Under ParameterServerStrategy the variables live on the "
+            "parameter servers, so `variable_update='replicated'` cannot "
+            "apply. Use `variable_update='parameter_server'` (the default)."
+        )
+
+
+def _is_default(value, default):
+    return value is default or (default == 0.0 and value == 0.0)
+
+
+def _repeated(x):
+    """The dataset (or function returning it) every worker iterates,
+    repeated."""
+    if isinstance(x, tf.data.Dataset):
+        return x.repeat()
+    return lambda: x().repeat()
+
+
+def _build(model, dataset):
+    """Builds `model` and its optimizer on the parameter servers, from the
+    shapes of one batch, before any worker reads them."""
+    if model.built and model.optimizer.built:
+        return
+    if callable(dataset):
+        dataset = dataset()
+    batch = next(iter(dataset.take(1)))
+    with model.distribute_strategy.scope():
+        internals.symbolic_build(model, data_batch=batch)

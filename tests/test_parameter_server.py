@@ -1,0 +1,119 @@
+"""CloneModel.fit under tf.distribute.ParameterServerStrategy (asynchronous
+training): each scenario of tests/workers/ps_worker.py runs once, in a
+child process with an in-process cluster on 127.0.0.1, bounded in time."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+WORKER = pathlib.Path(__file__).parent / "workers" / "ps_worker.py"
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory):
+    """`scenario(name)`: what ps_worker.py wrote for scenario `name`."""
+    results = {}
+
+    def run(name):
+        if name not in results:
+            out = tmp_path_factory.mktemp(name)
+            done = subprocess.run(
+                [sys.executable, str(WORKER), name],
+                capture_output=True,
+                text=True,
+                env=dict(os.environ, KERAS_BACKEND="tensorflow", OUT=str(out)),
+                timeout=180,
+            )
+            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+            results[name] = json.loads((out / f"{name}.json").read_text())
+        return results[name]
+
+    return run
+
+
+@pytest.mark.parametrize(
+    "case", ["functional_sgd", "subclassed_adam", "two_clones_adam"]
+)
+def test_one_worker_trains_as_a_plain_model_in_one_process(scenario, case):
+    # SGD with momentum and Adam (stateful, serialised on the coordinator),
+    # a subclassed model built lazily in fit, and two clones in the worker.
+    result = scenario("one_worker")[case]
+    assert result["weights"] < 1e-5
+    assert result["logs"] < 1e-5
+    assert result["iterations"] == 12  # 2 epochs of 6 steps, each once.
+    assert result["staleness"] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "case", ["functional_sgd", "subclassed_adam", "two_clones_adam"]
+)
+def test_evaluate_predict_and_load_on_the_coordinator_match_plain(
+    scenario, case
+):
+    result = scenario("one_worker")[case]
+    assert result["evaluate"] < 1e-5  # The list evaluate() returns.
+    assert result["predict"] < 1e-5
+    assert result["loaded"] < 1e-5
+    assert result["loaded_class"] in ("FunctionalCloneModel", "Net")
+
+
+def test_two_workers_apply_every_step_once_and_nothing_else(scenario):
+    # SGD without momentum: the weights are where the applied gradients,
+    # summed by an observer on the coordinator, put them.
+    result = scenario("two_workers")
+    assert result["moved"] > 0.1
+    assert result["weights"] < 1e-5
+    assert result["applied"] == result["iterations"] == 12
+    # Each step read the weights before the other worker's update landed.
+    assert max(result["max_staleness"]) >= 1
+    assert all(0 < s <= 1 for s in result["staleness"])
+
+
+def test_backup_and_restore_resumes_as_if_uninterrupted(scenario):
+    # Adam's state and the epoch come back from the coordinator's backup.
+    result = scenario("resume")
+    assert result["weights"] < 1e-6
+    assert result["epochs_run"] == 1
+    assert result["iterations"] == 18
+
+
+@pytest.mark.parametrize(
+    "case, error",
+    [
+        ("arrays", "TypeError: .*takes a `tf.data.Dataset`.*x of type ndarray"),
+        ("y", "ValueError: .*does not take `y`.*y of type ndarray"),
+        ("no_steps", "ValueError: .*needs `steps_per_epoch`"),
+        ("validation", "ValueError: .*`validation_data`: call `evaluate`"),
+        ("num_ps_tasks", "num_ps_tasks=3 \\(the cluster has 1 parameter"),
+        ("num_replicas", "num_replicas=5 \\(the cluster has 2 workers\\)"),
+        ("replica_id", "`replica_id` means nothing.*replica_id=1"),
+        ("job_names", "ps_job_name='params' \\(the strategy's jobs"),
+        ("missing_device", "'/device:CPU:5', which the workers do not have"),
+        ("replicated", "`variable_update='replicated'` cannot apply"),
+        ("steps_per_execution", "`steps_per_execution` must be 1"),
+        ("agn", "AGNOptimizer does not train under ParameterServerStrategy"),
+        ("matching_deployment", "^no error$"),
+    ],
+)
+def test_what_cannot_work_is_refused_with_what_to_do(scenario, case, error):
+    assert re.search(error, scenario("refusals")[case]), scenario("refusals")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"num_workers": 0}, ValueError, "num_workers` must be at least 1"),
+        ({"num_ps": 1.5}, TypeError, "`num_ps` must be an integer"),
+        ({"cpus_per_server": 0}, ValueError, "cpus_per_server=0"),
+    ],
+)
+def test_in_process_cluster_checks_its_arguments(kwargs, error, match):
+    from keras_clones.parameter_server import InProcessCluster
+
+    with pytest.raises(error, match=match):
+        InProcessCluster(**kwargs)

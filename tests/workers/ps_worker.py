@@ -1,0 +1,308 @@
+"""Parameter-server training in a child process; see
+tests/test_parameter_server.py.
+
+`OUT=DIR python ps_worker.py SCENARIO` starts an in-process cluster (1
+parameter server, and 1 or 2 workers), trains, and writes what the test
+asserts to DIR/SCENARIO.json. The references (one process, no strategy)
+run here too, on the same batches.
+"""
+
+import json
+import os
+import sys
+
+os.environ["KERAS_BACKEND"] = "tensorflow"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_clones  # noqa: E402
+from keras_clones.parameter_server import InProcessCluster  # noqa: E402
+
+BATCH = 8
+STEPS = 6
+EPOCHS = 2
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(BATCH * STEPS, 5)).astype("float32")
+    y = (x @ rng.normal(size=(5, 3))).astype("float32")
+    return x, y
+
+
+def dataset():
+    return tf.data.Dataset.from_tensor_slices(data()).batch(BATCH)
+
+
+def functional(cls, **kwargs):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((5,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    return cls(inputs, keras.layers.Dense(3)(hidden), **kwargs)
+
+
+def subclassed(base):
+    """A model class as users write it, built lazily on its first batch."""
+
+    class Net(base):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.hidden = keras.layers.Dense(8, activation="relu")
+            self.out = keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+    return Net
+
+
+def max_difference(a, b):
+    return max(
+        float(np.max(np.abs(np.asarray(u) - np.asarray(v))))
+        for u, v in zip(a, b)
+    )
+
+
+def compare(strategy, make, reference, optimizer):
+    """Trains `make()` under `strategy`, and `reference()` in one process
+    from the same initial weights; the largest differences."""
+    with strategy.scope():
+        model = make()
+        model.compile(optimizer(), "mse", metrics=["mae"])
+    # A subclassed model is built in `fit`.
+    start = keras.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: start_weights.extend(model.get_weights())
+    )
+    start_weights = []
+    history = model.fit(
+        dataset(), epochs=EPOCHS, steps_per_epoch=STEPS, callbacks=[start]
+    )
+    plain = reference()
+    plain.compile(optimizer(), "mse", metrics=["mae"])
+    plain(data()[0][:1])
+    plain.set_weights(start_weights)
+    expected = plain.fit(
+        *data(), batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0
+    )
+    path = os.path.join(os.environ["OUT"], "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, custom_objects={"Net": type(model)})
+    x = data()[0]
+    return {
+        "evaluate": max_difference(
+            model.evaluate(dataset(), verbose=0),
+            plain.evaluate(dataset(), verbose=0),
+        ),
+        "predict": max_difference(
+            [model.predict(x, verbose=0)], [plain.predict(x, verbose=0)]
+        ),
+        "loaded": max_difference(
+            [loaded.predict(x, verbose=0)], [plain.predict(x, verbose=0)]
+        ),
+        "loaded_class": type(loaded).__name__,
+        "weights": max_difference(model.get_weights(), plain.get_weights()),
+        "logs": max(
+            abs(a - b)
+            for name in ("loss", "mae")
+            for a, b in zip(history.history[name], expected.history[name])
+        ),
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "staleness": history.history["max_staleness"],
+    }
+
+
+def one_worker():
+    strategy = tf.distribute.ParameterServerStrategy(
+        InProcessCluster(num_workers=1, cpus_per_server=2).resolver
+    )
+    results = {
+        "functional_sgd": compare(
+            strategy,
+            lambda: functional(keras_clones.CloneModel),
+            lambda: functional(keras.Model),
+            lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+        ),
+        "subclassed_adam": compare(
+            strategy,
+            subclassed(keras_clones.CloneModel),
+            subclassed(keras.Model),
+            lambda: keras.optimizers.Adam(0.01),
+        ),
+        "two_clones_adam": compare(
+            strategy,
+            lambda: functional(
+                keras_clones.CloneModel,
+                deployment=keras_clones.DeploymentConfig(
+                    devices=["/device:CPU:0", "/device:CPU:1"]
+                ),
+            ),
+            lambda: functional(keras.Model),
+            lambda: keras.optimizers.Adam(0.01),
+        ),
+    }
+    return results
+
+
+class SumOfAppliedGradients:
+    """A step-hooks observer: the sum of the gradients the coordinator
+    applies, in variables of its own."""
+
+    def __init__(self, variables):
+        self.sums = [tf.Variable(tf.zeros(v.shape)) for v in variables]
+        self.count = tf.Variable(0)
+
+    def observe(self, step):
+        for total, grad in zip(self.sums, step.grads):
+            total.assign_add(grad)
+        self.count.assign_add(1)
+
+
+def two_workers():
+    strategy = tf.distribute.ParameterServerStrategy(
+        InProcessCluster(num_workers=2).resolver
+    )
+    with strategy.scope():
+        model = functional(keras_clones.CloneModel)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    start = [v.numpy() for v in model.trainable_variables]
+    applied = SumOfAppliedGradients(model.trainable_variables)
+    model.step_hooks.add(applied)
+    history = model.fit(dataset(), epochs=EPOCHS, steps_per_epoch=STEPS)
+    expected = [w - 0.05 * s.numpy() for w, s in zip(start, applied.sums)]
+    return {
+        "weights": max_difference(
+            [v.numpy() for v in model.trainable_variables], expected
+        ),
+        "moved": max_difference(start, expected),
+        "applied": int(applied.count.numpy()),
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "staleness": history.history["staleness"],
+        "max_staleness": history.history["max_staleness"],
+    }
+
+
+class InterruptAtEpoch(keras.callbacks.Callback):
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError("interrupted")
+
+
+def resume():
+    """3 epochs uninterrupted, against 2 epochs, an interruption, and a new
+    model resumed by `BackupAndRestore` (Adam's state too)."""
+    strategy = tf.distribute.ParameterServerStrategy(
+        InProcessCluster(num_workers=1).resolver
+    )
+
+    def train(callbacks, epochs=3):
+        with strategy.scope():
+            model = functional(keras_clones.CloneModel)
+            model.compile(keras.optimizers.Adam(0.01), "mse")
+        history = model.fit(
+            dataset(),
+            epochs=epochs,
+            steps_per_epoch=STEPS,
+            callbacks=callbacks,
+            verbose=0,
+        )
+        return model, history
+
+    uninterrupted, _ = train([])
+    backup = keras.callbacks.BackupAndRestore(
+        os.path.join(os.environ["OUT"], "backup")
+    )
+    try:
+        train([backup, InterruptAtEpoch(2)])
+    except RuntimeError:
+        pass
+    resumed, history = train([backup])
+    return {
+        "weights": max_difference(
+            resumed.get_weights(), uninterrupted.get_weights()
+        ),
+        "epochs_run": len(history.history["loss"]),
+        "iterations": int(resumed.optimizer.iterations.numpy()),
+    }
+
+
+def refusal(fit):
+    try:
+        fit()
+    except (TypeError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def refusals():
+    """What `fit` refuses under ParameterServerStrategy, with messages."""
+    strategy = tf.distribute.ParameterServerStrategy(
+        InProcessCluster(num_workers=2, cpus_per_server=2).resolver
+    )
+    with strategy.scope():
+        model = functional(keras_clones.CloneModel)
+        model.compile("sgd", "mse")
+
+    def fit(x=None, **kwargs):
+        kwargs.setdefault("steps_per_epoch", 2)
+        return lambda: model.fit(dataset() if x is None else x, **kwargs)
+
+    def with_deployment(**kwargs):
+        def fit_with():
+            model.deployment = keras_clones.DeploymentConfig(**kwargs)
+            model.fit(dataset(), steps_per_epoch=2)
+
+        return fit_with
+
+    results = {
+        "arrays": refusal(fit(data()[0], y=data()[1])),
+        "y": refusal(fit(y=data()[1])),
+        "no_steps": refusal(fit(steps_per_epoch=None)),
+        "validation": refusal(fit(validation_data=dataset())),
+        "num_ps_tasks": refusal(with_deployment(num_ps_tasks=3)),
+        "num_replicas": refusal(
+            with_deployment(num_replicas=5, num_ps_tasks=1)
+        ),
+        "replica_id": refusal(
+            with_deployment(replica_id=1, num_replicas=2, num_ps_tasks=1)
+        ),
+        "missing_device": refusal(with_deployment(devices=["/device:CPU:5"])),
+        "replicated": refusal(
+            with_deployment(
+                devices=["/device:CPU:0", "/device:CPU:1"],
+                variable_update="replicated",
+            )
+        ),
+        "job_names": refusal(
+            with_deployment(num_ps_tasks=1, ps_job_name="params")
+        ),
+        "matching_deployment": refusal(
+            with_deployment(num_ps_tasks=1, num_replicas=2)
+        ),
+    }
+    model.deployment = keras_clones.DeploymentConfig()
+    with strategy.scope():
+        model.compile("sgd", "mse", steps_per_execution=2)
+    results["steps_per_execution"] = refusal(fit())
+    with strategy.scope():
+        model.compile(keras_clones.AGNOptimizer(keras.optimizers.SGD()), "mse")
+    results["agn"] = refusal(fit())
+    return results
+
+
+if __name__ == "__main__":
+    scenario = sys.argv[1]
+    results = {
+        "one_worker": one_worker,
+        "two_workers": two_workers,
+        "refusals": refusals,
+        "resume": resume,
+    }[scenario]()
+    with open(os.path.join(os.environ["OUT"], f"{scenario}.json"), "w") as f:
+        json.dump(results, f)
