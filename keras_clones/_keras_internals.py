@@ -125,9 +125,10 @@ def track_variable(optimizer, variable):
     optimizer._track_variable(variable)
 
 
-def increment_iterations(optimizer):
-    """Counts one step in `optimizer.iterations`, as its `apply` does."""
-    optimizer._iterations.assign_add(1)
+def increment_iterations(optimizer, steps=1):
+    """Counts `steps` steps in `optimizer.iterations`, as its `apply` counts
+    one."""
+    optimizer._iterations.assign_add(steps)
 
 
 def built_variables(optimizer):

@@ -662,6 +662,32 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         for variable in var_list:
             variable.assign(self.global_center_variable(variable))
 
+    def start_centers_from_variables(self, var_list):
+        """On the first step only (`local_step` still 0), copies each
+        variable into its global center, as `begin_local_step` does: the
+        reverse of `assign_global_centers`. For training that takes local
+        steps elsewhere (parameter-server training)."""
+        self.build(var_list)
+        if int(self._local_step.numpy()) == 0:
+            for variable in var_list:
+                self.global_center_variable(variable).assign(variable)
+
+    def apply_commit(self, commit, var_list):
+        """Applies one period's `commit` (a gradient per variable, by this
+        optimizer's `commit` rule) taken elsewhere: the outer optimizer
+        updates the centers of `var_list`, which then take the centers'
+        values, and `iterations`, `local_step` and `communication_rounds`
+        count the period. For parameter-server training, where each
+        worker's period runs on its own copy of the weights; call it for one
+        commit at a time."""
+        centers = [self.global_center_variable(v) for v in var_list]
+        self.outer_optimizer.apply(commit, centers)
+        for variable, center in zip(var_list, centers):
+            variable.assign(center)
+        self._local_step.assign_add(self.communication_period)
+        internals.increment_iterations(self, self.communication_period)
+        self._communication_rounds.assign_add(1)
+
     def apply(self, grads, trainable_variables=None):
         if trainable_variables is None:
             if not self.built:

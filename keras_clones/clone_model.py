@@ -158,6 +158,18 @@ class _ClonesRun(typing.NamedTuple):
     state: _StateUpdate
 
 
+def _computed_run(computed):
+    """The `_ClonesRun` of a step computed on a worker."""
+    return _ClonesRun(
+        computed["clone_contributions"],
+        computed["clone_losses"],
+        computed["clone_sizes"],
+        [computed["y_pred"]],
+        [computed.get("grads")],
+        _StateUpdate([]),
+    )
+
+
 class _CloneLosses:
     """Each clone's loss on its slice: `clone_i_loss` in `fit`'s logs.
 
@@ -559,16 +571,19 @@ class CloneModel(keras.Model):
         """The second half of `train_step` (see `compute_gradients`): one
         optimizer update through the step hooks, and the logs. Metrics get
         `x=None`: the inputs stay on the worker."""
-        run = _ClonesRun(
-            computed["clone_contributions"],
-            computed["clone_losses"],
-            computed["clone_sizes"],
-            [computed["y_pred"]],
-            [computed["grads"]],
-            _StateUpdate([]),
-        )
+        run = _computed_run(computed)
         loss = tf.add_n(run.contributions)
         applied = self._apply(run, computed["grads"], loss)
+        return self._computed_logs(computed, run, loss, applied)
+
+    def log_computed_step(self, computed):
+        """The logs of a step computed on a worker (as by
+        `compute_gradients`) whose update is applied elsewhere: an
+        `AGNOptimizer`'s local step under parameter-server training."""
+        run = _computed_run(computed)
+        return self._computed_logs(computed, run, tf.add_n(run.contributions))
+
+    def _computed_logs(self, computed, run, loss, applied=None):
         data = (None, computed["y"], computed["sample_weight"])
         logs = self._logs(
             data, computed["y_pred"], computed["batch_size"], loss, run, applied

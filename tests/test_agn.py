@@ -293,6 +293,29 @@ def test_assign_global_centers_copies_centers_into_the_model():
         )
 
 
+def test_a_commit_from_elsewhere_moves_centers_by_the_outer_rule():
+    # What parameter-server training does with a worker's period.
+    variables = [keras.Variable(np.array([1.0, 2.0], "float32"))]
+    optimizer = AGNOptimizer(
+        keras.optimizers.Adam(0.1),
+        communication_period=4,
+        outer_optimizer=keras.optimizers.SGD(0.5),
+    )
+    optimizer.start_centers_from_variables(variables)
+    center = optimizer.global_center_variable(variables[0])
+    np.testing.assert_array_equal(center.numpy(), [1.0, 2.0])
+    optimizer.apply_commit([tf.constant([0.2, -0.4])], variables)
+    np.testing.assert_allclose(center.numpy(), [0.9, 2.2], atol=1e-7)
+    np.testing.assert_array_equal(variables[0].numpy(), center.numpy())
+    assert int(optimizer.local_step.numpy()) == 4
+    assert int(optimizer.iterations.numpy()) == 4
+    assert int(optimizer.communication_rounds.numpy()) == 1
+    # Only the first start copies the variables into the centers.
+    variables[0].assign([5.0, 5.0])
+    optimizer.start_centers_from_variables(variables)
+    np.testing.assert_allclose(center.numpy(), [0.9, 2.2], atol=1e-7)
+
+
 def test_global_device_round_robin():
     variables = [keras.Variable(np.zeros(2, "float32")) for _ in range(3)]
     optimizer = AGNOptimizer(

@@ -183,6 +183,8 @@ def test_optimizer_variable_store():
     assert internals.own_variables(optimizer)[-1] is extra
     internals.increment_iterations(optimizer)
     assert int(optimizer.iterations.numpy()) == 1
+    internals.increment_iterations(optimizer, 3)
+    assert int(optimizer.iterations.numpy()) == 4
 
 
 def test_distribution_strategy_and_learning_rate_object():

@@ -62,16 +62,41 @@ def test_evaluate_predict_and_load_on_the_coordinator_match_plain(
     assert result["loaded_class"] in ("FunctionalCloneModel", "Net")
 
 
-def test_two_workers_apply_every_step_once_and_nothing_else(scenario):
-    # SGD without momentum: the weights are where the applied gradients,
-    # summed by an observer on the coordinator, put them.
-    result = scenario("two_workers")
-    assert result["moved"] > 0.1
+@pytest.mark.parametrize(
+    "case", ["contrib_adam", "hermans_sgd", "diloco_adamw"]
+)
+def test_agn_on_one_worker_trains_as_agn_optimizer_in_one_process(
+    scenario, case
+):
+    # Three rules, and inner optimizers whose state the worker keeps
+    # across periods (Adam, Nesterov momentum, AdamW's weight decay).
+    result = scenario("agn_one_worker")[case]
     assert result["weights"] < 1e-5
-    assert result["applied"] == result["iterations"] == 12
-    # Each step read the weights before the other worker's update landed.
+    assert result["logs"] < 1e-5
+    assert result["iterations"] == 12
+    assert result["staleness"] == [0.0, 0.0]
+    assert result["evaluate"] < 1e-5
+    assert result["loaded"] < 1e-5
+
+
+@pytest.mark.parametrize("case, updates", [("sgd", 12), ("agn", 4)])
+def test_two_workers_apply_each_result_once_and_nothing_else(
+    scenario, case, updates
+):
+    # Outer SGD without momentum: the weights are where the applied
+    # gradients (or AGN's commits), summed by an observer on the
+    # coordinator, put them.
+    result = scenario("two_workers")[case]
+    assert result["moved"] > 0.01
+    assert result["weights"] < 1e-5
+    # 2 epochs of 6 steps: 12 steps, or 4 periods of 3, each applied once.
+    assert result["applied"] == updates
+    assert result["iterations"] == 12
+    # Some result was computed before the other worker's update landed.
     assert max(result["max_staleness"]) >= 1
     assert all(0 < s <= 1 for s in result["staleness"])
+    if case == "agn":
+        assert result["rounds"] == [2.0, 4.0]
 
 
 def test_backup_and_restore_resumes_as_if_uninterrupted(scenario):
@@ -96,7 +121,14 @@ def test_backup_and_restore_resumes_as_if_uninterrupted(scenario):
         ("missing_device", "'/device:CPU:5', which the workers do not have"),
         ("replicated", "`variable_update='replicated'` cannot apply"),
         ("steps_per_execution", "`steps_per_execution` must be 1"),
-        ("agn", "AGNOptimizer does not train under ParameterServerStrategy"),
+        ("agn_steps", "multiple of `communication_period`.*=4, .*=3"),
+        ("agn_rmsprop", "SGD, Adam and AdamW only. Received: RMSprop"),
+        ("agn_clipnorm", "cannot take `clipnorm` yet"),
+        ("agn_schedule", "constant learning rate"),
+        ("agn_amsgrad", "`amsgrad=True`"),
+        ("agn_clones", "not split the batch across clones.*num_clones=2"),
+        ("agn_loss_scaled", "wrapped in a LossScaleOptimizer"),
+        ("agn_fine", "^no error$"),
         ("matching_deployment", "^no error$"),
     ],
 )

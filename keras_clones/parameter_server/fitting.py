@@ -15,6 +15,9 @@ import tensorflow as tf
 from keras_clones import _keras_internals as internals
 from keras_clones import optimizer_capabilities
 from keras_clones.parameter_server import cluster
+from keras_clones.parameter_server import inner_steps
+from keras_clones.parameter_server.agn_periods import AGNPeriods
+from keras_clones.parameter_server.downpour import GradientSteps
 from keras_clones.parameter_server.training import AsyncTraining
 
 # `fit`'s arguments that parameter-server training does not take, with their
@@ -42,7 +45,7 @@ def fit(model, fit_method, args, kwargs):
     check_arguments(model, arguments)
     dataset = _repeated(arguments["x"])
     _build(model, dataset)
-    training = AsyncTraining(model, dataset)
+    training = AsyncTraining(model, dataset, _work(model))
     epochs = arguments["epochs"]
     steps = arguments["steps_per_epoch"]
     callbacks = arguments["callbacks"]
@@ -108,15 +111,43 @@ def check_arguments(model, arguments):
             f"steps_per_execution={model.steps_per_execution}. Compile "
             "without it."
         )
-    optimizer = optimizer_capabilities.unwrapped(model.optimizer)
-    if optimizer_capabilities.takes_local_steps(optimizer):
-        raise ValueError(
-            "AGNOptimizer does not train under ParameterServerStrategy yet "
-            "(asynchronous commits are on the way). Use a plain Keras "
-            "optimizer (asynchronous SGD, as DOWNPOUR), or AGNOptimizer "
-            "under MultiWorkerMirroredStrategy."
-        )
+    if optimizer_capabilities.takes_local_steps(
+        optimizer_capabilities.unwrapped(model.optimizer)
+    ):
+        _check_agn(model, steps)
     check_deployment(model.deployment, model.distribute_strategy)
+
+
+def _check_agn(model, steps):
+    optimizer = model.optimizer
+    if optimizer_capabilities.loss_scaled(optimizer):
+        raise ValueError(
+            "Under ParameterServerStrategy, an AGNOptimizer cannot be "
+            "wrapped in a LossScaleOptimizer yet. Train in float32, or with "
+            "a plain optimizer."
+        )
+    period = optimizer.communication_period
+    if steps % period:
+        raise ValueError(
+            "Under ParameterServerStrategy, each worker trains whole "
+            "communication periods, so `steps_per_epoch` must be a multiple "
+            f"of `communication_period`. Received: steps_per_epoch={steps}, "
+            f"communication_period={period}."
+        )
+    if model.deployment.num_clones > 1:
+        raise ValueError(
+            "Under ParameterServerStrategy, an AGNOptimizer's local steps do "
+            "not split the batch across clones yet. Use one clone per "
+            "worker (`DeploymentConfig()`), or a plain optimizer. Received: "
+            f"num_clones={model.deployment.num_clones}."
+        )
+    inner_steps.rule_for(optimizer.inner_optimizer)  # Refuses what it lacks.
+
+
+def _work(model):
+    if optimizer_capabilities.takes_local_steps(model.optimizer):
+        return AGNPeriods(model, model.optimizer)
+    return GradientSteps(model)
 
 
 def check_deployment(deployment, strategy):

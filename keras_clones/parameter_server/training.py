@@ -1,15 +1,17 @@
 """Asynchronous training on a `ParameterServerStrategy`: the coordinator
-schedules steps on the workers and applies their results, one at a time.
+schedules work on the workers and applies its results, one at a time.
 
-A worker's step reads the model's variables from the parameter servers and
-computes the gradients of one batch (`CloneModel.compute_gradients`); the
-coordinator applies them (`CloneModel.apply_computed_gradients`), in the
-order the steps were scheduled. Applying on the coordinator serialises
-every optimizer update: Keras's `iterations` counter and stateful
-optimizers (Adam) see one update at a time, which updates applied on the
-workers do not (a `tf.CriticalSection` around Keras's `apply` hung;
-`docs/spikes/ps_commit_route.md`). A step that `ClusterCoordinator` runs
-again after a worker failed writes nothing, so its result is applied once.
+The work is a step (`downpour.GradientSteps`: a plain optimizer's gradients
+of one batch) or a period (`agn_periods.AGNPeriods`: an `AGNOptimizer`'s
+local steps and commit). A worker reads the model's variables from the
+parameter servers and computes; the coordinator applies, in the order the
+work was scheduled. Applying on the coordinator serialises every optimizer
+update: Keras's `iterations` counter and stateful optimizers (Adam) see one
+update at a time, which updates applied on the workers do not (a
+`tf.CriticalSection` around Keras's `apply` hung;
+`docs/spikes/ps_commit_route.md`). Work that `ClusterCoordinator` runs
+again after a worker failed writes nothing to the parameter servers, so its
+result is applied once.
 """
 
 import collections
@@ -27,10 +29,15 @@ class AsyncTraining:
         model: A built, compiled `CloneModel` created under the strategy.
         dataset: The `tf.data.Dataset` each worker iterates (every worker
             its own copy), or a function returning it.
+        work: What a worker computes and the coordinator applies
+            (`GradientSteps` or `AGNPeriods`): `steps` batches per
+            scheduled function, `on_worker(iterator)` and
+            `on_coordinator(result)`, which returns the logs.
     """
 
-    def __init__(self, model, dataset):
+    def __init__(self, model, dataset, work):
         self.model = model
+        self.work = work
         strategy = model.distribute_strategy
         self._strategy = strategy
         self._coordinator = tf.distribute.coordinator.ClusterCoordinator(
@@ -40,29 +47,27 @@ class AsyncTraining:
             self._coordinator.create_per_worker_dataset(dataset)
         )
         with strategy.scope():
-            # Updates applied so far: a step's staleness is how many were
-            # applied between its read of the variables and its own update.
+            # Results applied so far: the staleness of a result is how many
+            # were applied between its read of the variables and its own.
             self._applied = tf.Variable(
                 tf.constant(0, "int64"), trainable=False, name="applied"
             )
         self.staleness = keras.metrics.Mean(name="staleness")
         self.max_staleness = _Max(name="max_staleness")
-        # One step in flight per worker: a worker reads the variables again
-        # only after its last step was applied, so that staleness counts the
+        # One in flight per worker: a worker reads the variables again only
+        # after its last result was applied, so that staleness counts the
         # other workers' updates, as in DOWNPOUR.
         self._in_flight = num_workers(strategy)
-        self._worker_step = tf.function(self._worker_step_fn)
-        self._apply = tf.function(self._apply_fn)
+        self._on_worker = tf.function(self._on_worker_fn)
+        self._on_coordinator = tf.function(self._on_coordinator_fn)
 
-    def _worker_step_fn(self, iterator):
-        data = next(iterator)
-
-        def step(data):
+    def _on_worker_fn(self, iterator):
+        def compute(iterator):
             read_at = self._applied.read_value()
             with tf.control_dependencies([read_at]):
-                return read_at, self.model.compute_gradients(data)
+                return read_at, self.work.on_worker(iterator)
 
-        result = self._strategy.run(step, args=(data,))
+        result = self._strategy.run(compute, args=(iterator,))
         # A function's outputs cannot hold None (no sample weights, no
         # gradient): send the rest, and where they go.
         flat = tf.nest.flatten(result)
@@ -75,11 +80,11 @@ class AsyncTraining:
         flat = [next(values) if present else None for present in self._present]
         return tf.nest.pack_sequence_as(self._result_structure, flat)
 
-    def _apply_fn(self, read_at, computed):
+    def _on_coordinator_fn(self, read_at, result):
         staleness = tf.cast(self._applied.read_value() - read_at, "float32")
         # Outside the strategy's scope: Keras's `apply` merges in the default
         # replica context, and the update runs where each variable lives.
-        logs = self.model.apply_computed_gradients(computed)
+        logs = self.work.on_coordinator(result)
         with tf.control_dependencies(tf.nest.flatten(logs)):
             self._applied.assign_add(1)
         self.staleness.update_state(staleness)
@@ -93,25 +98,29 @@ class AsyncTraining:
         self.max_staleness.reset_state()
 
     def run_epoch(self, steps, callbacks):
-        """Runs `steps` steps, calling `callbacks`' batch hooks as each is
-        applied; stops early when `model.stop_training` is set (steps in
-        flight are then discarded: nothing of theirs was written). Returns
-        the last step's logs (the epoch's means)."""
+        """Runs `steps` steps (worker batches), calling `callbacks`' batch
+        hooks as each result is applied; stops early when
+        `model.stop_training` is set (work in flight is then discarded:
+        nothing of it was applied). Returns the last logs (the epoch's
+        means)."""
+        self.work.start()
+        per_call = self.work.steps
+        calls = steps // per_call
         pending = collections.deque()
         scheduled = 0
         logs = {}
-        for step in range(steps):
-            while scheduled < steps and len(pending) < self._in_flight:
+        for call in range(calls):
+            while scheduled < calls and len(pending) < self._in_flight:
                 pending.append(
                     self._coordinator.schedule(
-                        self._worker_step, args=(self._iterator,)
+                        self._on_worker, args=(self._iterator,)
                     )
                 )
                 scheduled += 1
-            callbacks.on_train_batch_begin(step)
-            read_at, computed = self._unpacked(pending.popleft().get())
-            logs = self._apply(read_at, computed)
-            callbacks.on_train_batch_end(step, logs)
+            callbacks.on_train_batch_begin(call * per_call)
+            read_at, result = self._unpacked(pending.popleft().get())
+            logs = self._on_coordinator(read_at, result)
+            callbacks.on_train_batch_end((call + 1) * per_call - 1, logs)
             if self.model.stop_training:
                 break
         self._coordinator.join()

@@ -146,6 +146,47 @@ def one_worker():
     return results
 
 
+AGN_RULES = {
+    # The contrib rule, inner Adam, its copy as the outer optimizer.
+    "contrib_adam": lambda: keras_clones.AGNOptimizer(
+        keras.optimizers.Adam(0.01), communication_period=3
+    ),
+    # Hermans's: the weight change divided by the period, outer SGD(1.0);
+    # inner SGD with Nesterov momentum, kept by the worker across periods.
+    "hermans_sgd": lambda: keras_clones.AGNOptimizer(
+        keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
+        communication_period=2,
+        outer_optimizer=keras.optimizers.SGD(1.0),
+        commit="weight_change",
+    ),
+    # DiLoCo: the undivided weight change, inner AdamW, outer Nesterov.
+    "diloco_adamw": lambda: keras_clones.AGNOptimizer(
+        keras.optimizers.AdamW(0.01, weight_decay=0.1),
+        communication_period=3,
+        outer_optimizer=keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),
+        commit="weight_change",
+        normalize=False,
+    ),
+}
+
+
+def agn_one_worker():
+    """Asynchronous AGN on 1 worker against AGNOptimizer in one process."""
+    strategy = tf.distribute.ParameterServerStrategy(
+        InProcessCluster(num_workers=1).resolver
+    )
+    results = {}
+    for name, agn in AGN_RULES.items():
+        result = compare(
+            strategy,
+            lambda: functional(keras_clones.CloneModel),
+            lambda: functional(keras_clones.CloneModel),
+            agn,
+        )
+        results[name] = result
+    return results
+
+
 class SumOfAppliedGradients:
     """A step-hooks observer: the sum of the gradients the coordinator
     applies, in variables of its own."""
@@ -161,27 +202,49 @@ class SumOfAppliedGradients:
 
 
 def two_workers():
+    """2 workers: plain SGD and Hermans's AGN, each with an outer SGD
+    without momentum, against the sum of what the coordinator applied."""
     strategy = tf.distribute.ParameterServerStrategy(
         InProcessCluster(num_workers=2).resolver
     )
-    with strategy.scope():
-        model = functional(keras_clones.CloneModel)
-        model.compile(keras.optimizers.SGD(0.05), "mse")
-    start = [v.numpy() for v in model.trainable_variables]
-    applied = SumOfAppliedGradients(model.trainable_variables)
-    model.step_hooks.add(applied)
-    history = model.fit(dataset(), epochs=EPOCHS, steps_per_epoch=STEPS)
-    expected = [w - 0.05 * s.numpy() for w, s in zip(start, applied.sums)]
-    return {
-        "weights": max_difference(
-            [v.numpy() for v in model.trainable_variables], expected
+    optimizers = {
+        "sgd": (lambda: keras.optimizers.SGD(0.05), 0.05),
+        "agn": (
+            lambda: keras_clones.AGNOptimizer(
+                keras.optimizers.Adam(0.01),
+                communication_period=3,
+                outer_optimizer=keras.optimizers.SGD(1.0),
+                commit="weight_change",
+            ),
+            1.0,
         ),
-        "moved": max_difference(start, expected),
-        "applied": int(applied.count.numpy()),
-        "iterations": int(model.optimizer.iterations.numpy()),
-        "staleness": history.history["staleness"],
-        "max_staleness": history.history["max_staleness"],
     }
+    results = {}
+    for name, (optimizer, outer_lr) in optimizers.items():
+        with strategy.scope():
+            model = functional(keras_clones.CloneModel)
+            model.compile(optimizer(), "mse")
+        start = [v.numpy() for v in model.trainable_variables]
+        applied = SumOfAppliedGradients(model.trainable_variables)
+        model.step_hooks.add(applied)
+        history = model.fit(
+            dataset(), epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0
+        )
+        expected = [
+            w - outer_lr * s.numpy() for w, s in zip(start, applied.sums)
+        ]
+        results[name] = {
+            "weights": max_difference(
+                [v.numpy() for v in model.trainable_variables], expected
+            ),
+            "moved": max_difference(start, expected),
+            "applied": int(applied.count.numpy()),
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "staleness": history.history["staleness"],
+            "max_staleness": history.history["max_staleness"],
+            "rounds": history.history.get("communication_rounds"),
+        }
+    return results
 
 
 class InterruptAtEpoch(keras.callbacks.Callback):
@@ -290,9 +353,35 @@ def refusals():
     with strategy.scope():
         model.compile("sgd", "mse", steps_per_execution=2)
     results["steps_per_execution"] = refusal(fit())
-    with strategy.scope():
-        model.compile(keras_clones.AGNOptimizer(keras.optimizers.SGD()), "mse")
-    results["agn"] = refusal(fit())
+
+    def agn(inner=None, clones=1, **kwargs):
+        def fit_with():
+            model.deployment = keras_clones.DeploymentConfig(
+                devices=[f"/device:CPU:{i}" for i in range(clones)]
+            )
+            with strategy.scope():
+                optimizer = keras_clones.AGNOptimizer(
+                    (inner or keras.optimizers.SGD)(), communication_period=3
+                )
+                if kwargs.pop("loss_scaled", False):
+                    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+                model.compile(optimizer, "mse")
+            model.fit(dataset(), **{"steps_per_epoch": 6, **kwargs})
+
+        return fit_with
+
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
+    optimizers = keras.optimizers
+    results.update(
+        agn_steps=refusal(agn(steps_per_epoch=4)),
+        agn_rmsprop=refusal(agn(optimizers.RMSprop)),
+        agn_clipnorm=refusal(agn(lambda: optimizers.SGD(clipnorm=1.0))),
+        agn_schedule=refusal(agn(lambda: optimizers.SGD(schedule))),
+        agn_amsgrad=refusal(agn(lambda: optimizers.Adam(amsgrad=True))),
+        agn_clones=refusal(agn(clones=2)),
+        agn_loss_scaled=refusal(agn(loss_scaled=True)),
+        agn_fine=refusal(agn(optimizers.AdamW)),
+    )
     return results
 
 
@@ -303,6 +392,7 @@ if __name__ == "__main__":
         "two_workers": two_workers,
         "refusals": refusals,
         "resume": resume,
+        "agn_one_worker": agn_one_worker,
     }[scenario]()
     with open(os.path.join(os.environ["OUT"], f"{scenario}.json"), "w") as f:
         json.dump(results, f)

@@ -1,0 +1,144 @@
+"""Asynchronous AGN: a worker takes a period's local steps on its own copy
+of the centers, the coordinator applies its commit.
+
+Each scheduled function is one communication period on one worker: it
+reads the global centers from the parameter servers, takes
+`communication_period` inner steps on tensors (`inner_steps`, with the
+worker's own inner-optimizer state), and returns the commit of the
+`AGNOptimizer`'s rule (the period's gradients or weight change, divided by
+the period if `normalize`, in `communication_dtype`) with each step's
+predictions for the logs. The coordinator applies the commit with
+`AGNOptimizer.apply_commit` (the outer optimizer, one commit at a time),
+through the model's step hooks.
+"""
+
+import keras
+import tensorflow as tf
+
+from keras_clones import _keras_internals as internals
+from keras_clones.parameter_server import inner_steps
+from keras_clones.step_hooks import Step
+
+
+class AGNPeriods:
+    """The work of `AsyncTraining` with an `AGNOptimizer`: one period per
+    scheduled function."""
+
+    def __init__(self, model, optimizer):
+        self.model = model
+        self.optimizer = optimizer
+        self.steps = optimizer.communication_period
+        self._rule = inner_steps.rule_for(optimizer.inner_optimizer)
+        self._variables = list(model.trainable_variables)
+        self._centers = [
+            optimizer.global_center_variable(v) for v in self._variables
+        ]
+        with model.distribute_strategy.scope():
+            self._state = self._rule.create_state(self._variables)
+
+    def start(self):
+        self.optimizer.start_centers_from_variables(self._variables)
+
+    def on_worker(self, iterator):
+        model = self.model
+        weights = [tf.identity(c.value) for c in self._centers]
+        pulled = list(weights)
+        states = [tf.identity(v.value) for v in model.non_trainable_variables]
+        # Per-worker variables get no automatic control dependencies: read
+        # each once here, write each once at the end.
+        inner = [s.read_value() for s in self._state]
+        total = None
+        steps = []
+        for _ in range(self.steps):
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
+                next(iterator)
+            )
+            grads, loss, y_pred, states = self._gradients(
+                weights, states, x, y, sample_weight
+            )
+            weights, inner = self._rule.step(
+                self._variables, weights, grads, inner
+            )
+            grads = [tf.convert_to_tensor(g) for g in grads]
+            total = grads if total is None else map(tf.add, total, grads)
+            batch_size = tf.shape(tf.nest.flatten(x)[0])[0]
+            steps.append(
+                {
+                    "y": y,
+                    "y_pred": y_pred,
+                    "sample_weight": sample_weight,
+                    "batch_size": batch_size,
+                    "clone_contributions": [loss],
+                    "clone_losses": [loss],
+                    "clone_sizes": [batch_size],
+                }
+            )
+        commit = self._commit(list(total), pulled, weights)
+        writes = [s.assign(v) for s, v in zip(self._state, inner)]
+        writes += [
+            v.value.assign(s)
+            for v, s in zip(model.non_trainable_variables, states)
+        ]
+        with tf.control_dependencies(writes):
+            commit = [tf.identity(c) for c in commit]
+        return {"commit": commit, "steps": steps}
+
+    def _gradients(self, weights, states, x, y, sample_weight):
+        """One batch's gradients at `weights`, and the float state
+        (`states`) the forward pass moved, on tensors."""
+        model = self.model
+        mapping = list(zip(self._variables, weights))
+        mapping += list(zip(model.non_trainable_variables, states))
+        with tf.GradientTape() as tape:
+            tape.watch(weights)
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                if internals.call_has_training_arg(model):
+                    y_pred = model(x, training=True)
+                else:
+                    y_pred = model(x)
+                loss = internals.compute_loss(
+                    model,
+                    x=x,
+                    y=y,
+                    y_pred=y_pred,
+                    sample_weight=sample_weight,
+                    training=True,
+                )
+        grads = tape.gradient(loss, weights)
+        states = [
+            scope.get_current_value(v) for v in model.non_trainable_variables
+        ]
+        return grads, loss, y_pred, states
+
+    def _commit(self, gradient_sums, pulled, weights):
+        """The commit of the optimizer's rule, in its communication dtype."""
+        optimizer = self.optimizer
+        if optimizer.commit == "gradients":
+            commit = gradient_sums
+        else:
+            commit = [p - w for p, w in zip(pulled, weights)]
+        if optimizer.normalize and self.steps > 1:
+            commit = [c / tf.cast(self.steps, c.dtype) for c in commit]
+        if optimizer.communication_dtype is not None:
+            commit = [tf.cast(c, optimizer.communication_dtype) for c in commit]
+        return commit
+
+    def on_coordinator(self, result):
+        model = self.model
+        commit = [
+            tf.cast(c, v.dtype)
+            for c, v in zip(result["commit"], self._variables)
+        ]
+        logs = {}
+        for step in result["steps"]:
+            logs = model.log_computed_step(step)
+        # The commit is one update of the centers, as a guard sees it.
+        model.step_hooks.run(
+            Step(commit, self._centers, skip_agreement="none"),
+            lambda: self.optimizer.apply_commit(commit, self._variables),
+        )
+        logs = dict(logs)
+        logs["communication_rounds"] = tf.identity(
+            self.optimizer.communication_rounds
+        )
+        return logs

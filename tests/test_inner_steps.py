@@ -1,0 +1,80 @@
+"""The inner-step rules of asynchronous AGN (on tensors) against Keras's
+own optimizers (on variables), step by step."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_clones.parameter_server import inner_steps
+
+STEPS = 5
+
+
+def keras_and_rule(make_optimizer, constraint=None):
+    """The weights after STEPS updates by a Keras optimizer, and by its
+    rule on tensors, from the same start and gradients."""
+    rng = np.random.default_rng(0)
+    start = [rng.normal(size=(3, 2)), rng.normal(size=(2,))]
+    grads = [
+        [tf.constant(rng.normal(size=w.shape), "float32") for w in start]
+        for _ in range(STEPS)
+    ]
+    variables = [
+        keras.Variable(w.astype("float32"), name=f"w{i}")
+        for i, w in enumerate(start)
+    ]
+    for variable in variables:
+        variable.constraint = constraint
+    optimizer = make_optimizer()
+    optimizer.build(variables)
+    rule = inner_steps.rule_for(optimizer)
+    weights = [tf.constant(w, "float32") for w in start]
+    state = [tf.constant(0, "int64")] + [
+        tf.zeros(v.shape) for v in variables for _ in rule.slot_names
+    ]
+    for g in grads:
+        optimizer.apply(g, variables)
+        weights, state = rule.step(variables, weights, g, state)
+    return [v.numpy() for v in variables], [w.numpy() for w in weights], state
+
+
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [
+        lambda: keras.optimizers.SGD(0.1),
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+        lambda: keras.optimizers.Adam(0.01),
+        lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
+    ],
+    ids=["sgd", "momentum", "nesterov", "adam", "adamw"],
+)
+def test_rule_on_tensors_matches_keras_optimizer(make_optimizer):
+    expected, weights, state = keras_and_rule(make_optimizer)
+    for e, w in zip(expected, weights):
+        np.testing.assert_allclose(w, e, atol=1e-6)
+    assert int(state[0]) == STEPS  # The step count.
+
+
+def test_rule_applies_the_variables_constraint_as_keras():
+    expected, weights, _ = keras_and_rule(
+        lambda: keras.optimizers.SGD(0.5), keras.constraints.NonNeg()
+    )
+    assert min(w.min() for w in weights) == 0.0
+    for e, w in zip(expected, weights):
+        np.testing.assert_allclose(w, e, atol=1e-6)
+
+
+def test_rule_densifies_sparse_gradients_as_keras_applies_them():
+    variable = keras.Variable(np.ones((4, 2), "float32"))
+    optimizer = keras.optimizers.Adam(0.1)
+    optimizer.build([variable])
+    rule = inner_steps.rule_for(optimizer)
+    sparse = tf.IndexedSlices(
+        tf.ones((1, 2)), tf.constant([2]), tf.constant([4, 2])
+    )
+    state = [tf.constant(0, "int64"), tf.zeros((4, 2)), tf.zeros((4, 2))]
+    (weight,), _ = rule.step([variable], [variable.value], [sparse], state)
+    optimizer.apply([sparse], [variable])
+    np.testing.assert_allclose(weight.numpy(), variable.numpy(), atol=1e-6)
