@@ -5,6 +5,10 @@ worker with its own `TF_CONFIG` on 127.0.0.1, prints their output with a
 `[worker i]` prefix and exits non-zero if any worker fails. It never waits
 forever once a worker has failed: the others get a grace period, then are
 stopped, and a summary names the failed workers with their error lines.
+With `--ps N` (parameter-server training) the script runs once, as the
+coordinator, beside N parameter servers and the workers' servers
+(`[coordinator]`, `[ps j]`, `[worker i]`); a worker that dies is reported
+and training goes on, `--restart-workers` starts it again.
 Neither this module nor `import keras_clones` imports TensorFlow or Keras:
 the workers do the training.
 """
@@ -57,6 +61,15 @@ first line that starts with a name ending in Error or Exception and a colon
 (`tensorflow.python.framework.errors_impl.UnavailableError: ...`); if it
 printed neither, the summary says so.
 
+With --ps N, the script runs once, as the coordinator, with TF_CONFIG
+naming a cluster of one chief (itself), WORKERS workers and N parameter
+servers (`python -m keras_clones.parameter_server.server`), for
+tf.distribute.ParameterServerStrategy(TFConfigClusterResolver()). A worker
+that dies is reported and training goes on (the coordinator runs its work
+elsewhere); --restart-workers starts it again. A parameter server that dies
+ends the run after --grace-period seconds; the exit code is the
+coordinator's, or the server's.
+
 This launcher is for one machine. On a cluster, let the scheduler start one
 process per task instead. Under Slurm (`srun python train.py`), build the
 cluster from Slurm's environment:
@@ -70,8 +83,14 @@ or have the job script export TF_CONFIG for each task, as this launcher does.
 """
 
 
-def launch(script, args=(), workers=2, grace_period=30.0):
+def launch(
+    script, args=(), workers=2, grace_period=30.0, ps=0, restart_workers=False
+):
     """Runs `script` as `workers` local workers and returns the exit code.
+
+    With `ps > 0` (parameter-server training) `script` runs once, as the
+    coordinator, beside `ps` parameter servers and `workers` worker servers
+    (see `launch_parameter_servers`).
 
     Each worker is `python -u script *args` with the launcher's environment
     plus a `TF_CONFIG` for a cluster of `workers` tasks on 127.0.0.1 and its
@@ -100,6 +119,9 @@ def launch(script, args=(), workers=2, grace_period=30.0):
         workers: Number of workers, at least 1.
         grace_period: Seconds the other workers get to exit after one
             fails, before they are stopped.
+        ps: Number of parameter servers; 0 for multi-worker training.
+        restart_workers: With `ps > 0`, whether a worker server that dies
+            is started again (it rejoins the training).
 
     Returns:
         0 if every worker exits with 0; otherwise the exit code of the
@@ -125,6 +147,17 @@ def launch(script, args=(), workers=2, grace_period=30.0):
         )
     if not os.path.isfile(script):
         raise FileNotFoundError(f"No such script: {script!r}.")
+    if ps < 0:
+        raise ValueError(f"`ps` must be non-negative. Received: ps={ps!r}.")
+    if ps:
+        return launch_parameter_servers(
+            script, args, workers, ps, grace_period, restart_workers
+        )
+    if restart_workers:
+        raise ValueError(
+            "`restart_workers=True` needs parameter servers (`ps > 0`): in "
+            "multi-worker training every worker must stay."
+        )
     cluster = [f"127.0.0.1:{port}" for port in free_ports(workers)]
     lock = threading.Lock()
     processes, readers, failed = [], [], []
@@ -168,6 +201,143 @@ def launch(script, args=(), workers=2, grace_period=30.0):
             reader.join(_TERMINATE_TIMEOUT)
     _summarize(failed, error_lines, lock)
     return exit_code
+
+
+def launch_parameter_servers(
+    script, args=(), workers=2, ps=1, grace_period=30.0, restart_workers=False
+):
+    """Runs `script` as the coordinator of `ps` parameter servers and
+    `workers` workers on 127.0.0.1; returns the coordinator's exit code.
+
+    The servers run `python -m keras_clones.parameter_server.server`; each
+    process gets a `TF_CONFIG` naming the cluster (jobs `chief`, `worker`,
+    `ps`) and its own task, so that the script builds its strategy with
+    `tf.distribute.ParameterServerStrategy(
+    tf.distribute.cluster_resolver.TFConfigClusterResolver())`. Output is
+    prefixed with `[coordinator]`, `[worker i]` and `[ps j]`.
+
+    A worker that dies is reported and training goes on: the coordinator
+    runs its work on the other workers; with `restart_workers` the launcher
+    starts it again, on its port, and it rejoins. A parameter server that
+    dies ends the run: the coordinator gets `grace_period` seconds to exit
+    (its `fit` fails), then every process is stopped and the exit code is
+    the server's. When the coordinator exits, the servers are stopped.
+    """
+    ports = free_ports(workers + ps + 1)
+    addresses = [f"127.0.0.1:{port}" for port in ports]
+    cluster = {
+        "chief": addresses[:1],
+        "worker": addresses[1 : workers + 1],
+        "ps": addresses[workers + 1 :],
+    }
+    server = [
+        sys.executable,
+        "-u",
+        "-m",
+        "keras_clones.parameter_server.server",
+    ]
+    tasks = [("chief", 0, [sys.executable, "-u", script, *args])]
+    tasks += [("worker", i, server) for i in range(workers)]
+    tasks += [("ps", j, server) for j in range(ps)]
+    names = {
+        (kind, index): "coordinator" if kind == "chief" else f"{kind} {index}"
+        for kind, index, _ in tasks
+    }
+    lock = threading.Lock()
+    error_lines = {task: _ErrorLine() for task in names}
+    processes, readers = {}, []
+
+    def start(kind, index, command):
+        tf_config = {"cluster": cluster, "task": {"type": kind, "index": index}}
+        return subprocess.Popen(
+            command,
+            env=dict(os.environ, TF_CONFIG=json.dumps(tf_config)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            preexec_fn=_die_with_parent,
+        )
+
+    def read(task):
+        reader = threading.Thread(
+            target=_print_lines,
+            args=(
+                processes[task].stdout,
+                f"[{names[task]}] ",
+                lock,
+                error_lines[task],
+            ),
+            daemon=True,
+        )
+        reader.start()
+        readers.append(reader)
+
+    try:
+        # The servers first, so that the coordinator finds them.
+        for kind, index, command in tasks[1:] + tasks[:1]:
+            processes[(kind, index)] = start(kind, index, command)
+        for task in processes:
+            read(task)
+
+        def restart(task):
+            processes[task] = start(*task, server)
+            read(task)
+
+        exit_code, failed = _wait_parameter_servers(
+            processes, names, grace_period, lock, restart_workers and restart
+        )
+    finally:
+        _stop(list(processes.values()))
+        for reader in readers:
+            reader.join(_TERMINATE_TIMEOUT)
+    for task, code in failed:
+        line = error_lines[task].line
+        detail = f": {line[:_MAX_ERROR_LINE]}" if line else ""
+        _log(f"summary: {names[task]} {_failure(code)}{detail}", lock)
+    return exit_code
+
+
+def _wait_parameter_servers(processes, names, grace_period, lock, restart):
+    """Waits for the coordinator; reports (and with `restart`, restarts)
+    dead workers; after a parameter server dies, waits `grace_period` more.
+    Returns the exit code and the `(task, code)` of what failed."""
+    coordinator = ("chief", 0)
+    failed, deadline, exit_code = [], None, 0
+    while True:
+        for task, process in list(processes.items()):
+            code = process.poll()
+            if code is None or task == coordinator:
+                continue
+            if task[0] == "worker":
+                message = f"{names[task]} {_failure(code)}; training goes on"
+                if restart:
+                    message += ": restarting it"
+                _log(message + ".", lock)
+                failed.append((task, code))
+                if restart:
+                    restart(task)
+                else:
+                    del processes[task]
+            elif deadline is None:
+                _log(
+                    f"{names[task]} {_failure(code)}; the coordinator has "
+                    f"{grace_period:g} s to exit before everything is "
+                    "stopped.",
+                    lock,
+                )
+                failed.append((task, code))
+                exit_code = code if code > 0 else 128 - code
+                deadline = time.monotonic() + grace_period
+        code = processes[coordinator].poll()
+        if code is not None:
+            if code:
+                failed.append((coordinator, code))
+            return exit_code or (code if code >= 0 else 128 - code), failed
+        if deadline is not None and time.monotonic() >= deadline:
+            _log("stopping the coordinator and the servers.", lock)
+            return exit_code, failed
+        time.sleep(_POLL_INTERVAL)
 
 
 def _die_with_parent():
@@ -343,6 +513,20 @@ def main(argv=None):
             "before they are stopped (default: 30)"
         ),
     )
+    parser.add_argument(
+        "--ps",
+        type=int,
+        default=0,
+        help=(
+            "number of parameter servers; with them the script runs once, "
+            "as the coordinator (default: 0)"
+        ),
+    )
+    parser.add_argument(
+        "--restart-workers",
+        action="store_true",
+        help="with --ps: start a worker server again when it dies",
+    )
     parser.add_argument("script", help="the training script every worker runs")
     parser.add_argument(
         "args",
@@ -358,6 +542,10 @@ def main(argv=None):
         )
     if not os.path.isfile(options.script):
         parser.error(f"no such script: {options.script}")
+    if options.ps < 0:
+        parser.error(f"--ps must be non-negative, got {options.ps}")
+    if options.restart_workers and not options.ps:
+        parser.error("--restart-workers needs --ps")
     # Stopped by a scheduler or `timeout`: stop the workers first.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     return launch(
@@ -365,6 +553,8 @@ def main(argv=None):
         options.args,
         workers=options.workers,
         grace_period=options.grace_period,
+        ps=options.ps,
+        restart_workers=options.restart_workers,
     )
 
 

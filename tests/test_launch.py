@@ -173,6 +173,8 @@ def test_a_worker_that_ignores_sigterm_is_killed(tmp_path, capsys, monkeypatch):
         (["--grace-period", "-1", "{script}"], "--grace-period must be non"),
         (["missing.py"], "no such script: missing.py"),
         ([], "the following arguments are required: script"),
+        (["--ps", "-1", "{script}"], "--ps must be non-negative"),
+        (["--restart-workers", "{script}"], "--restart-workers needs --ps"),
     ],
 )
 def test_command_line_errors(tmp_path, capsys, argv, message):
@@ -194,6 +196,10 @@ def test_launch_checks_its_arguments(tmp_path):
         launch(script, grace_period=-1)
     with pytest.raises(FileNotFoundError, match="missing.py"):
         launch(str(tmp_path / "missing.py"))
+    with pytest.raises(ValueError, match="`ps` must be non-negative"):
+        launch(script, ps=-1)
+    with pytest.raises(ValueError, match="needs parameter servers"):
+        launch(script, restart_workers=True)
 
 
 def test_help_documents_slurm(capsys):

@@ -35,6 +35,15 @@ _REFUSED = {
 }
 
 
+_LOST_PS_MESSAGE = (
+    "Parameter-server training stopped: a parameter server died or stopped "
+    "answering, and the model's variables lived there. Restart the cluster "
+    "and `fit` again; with `keras.callbacks.BackupAndRestore`, training "
+    "resumes from the last backup (the workers' inner-optimizer state "
+    "starts again from zero).\n\nTensorFlow reported: "
+)
+
+
 def fit(model, fit_method, args, kwargs):
     """Runs `model.fit(*args, **kwargs)` (with `fit_method`'s signature)
     as asynchronous training on the model's `ParameterServerStrategy`."""
@@ -64,15 +73,20 @@ def fit(model, fit_method, args, kwargs):
     callbacks.on_train_begin()
     epoch_logs = None
     initial_epoch = internals.initial_epoch(model) or arguments["initial_epoch"]
-    for epoch in range(initial_epoch, epochs):
-        model.reset_metrics()
-        training.reset_metrics()
-        callbacks.on_epoch_begin(epoch)
-        logs = training.run_epoch(steps, callbacks)
-        epoch_logs = {name: float(value) for name, value in logs.items()}
-        callbacks.on_epoch_end(epoch, epoch_logs)
-        if model.stop_training:
-            break
+    try:
+        for epoch in range(initial_epoch, epochs):
+            model.reset_metrics()
+            training.reset_metrics()
+            callbacks.on_epoch_begin(epoch)
+            logs = training.run_epoch(steps, callbacks)
+            epoch_logs = {name: float(value) for name, value in logs.items()}
+            callbacks.on_epoch_end(epoch, epoch_logs)
+            if model.stop_training:
+                break
+    except tf.errors.UnavailableError as e:
+        # `ClusterCoordinator` runs a lost worker's work elsewhere; what
+        # reaches here is a lost parameter server.
+        raise type(e)(e.node_def, e.op, _LOST_PS_MESSAGE + e.message) from e
     if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
         model.optimizer.finalize_variable_values(model.trainable_weights)
     callbacks.on_train_end(logs=epoch_logs)

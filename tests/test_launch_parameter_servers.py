@@ -1,0 +1,73 @@
+"""`python -m keras_clones.launch --ps 1 --workers 2`: parameter-server
+training across processes on 127.0.0.1 (tests/workers/ps_coordinator.py),
+with a worker or the parameter server killed mid-`fit`; each launch bounded
+in time."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+COORDINATOR = pathlib.Path(__file__).parent / "workers" / "ps_coordinator.py"
+# 4 epochs of 12 steps, AGN with a period of 3.
+PERIODS = 16
+
+
+def launch(tmp_path, *options, kill=()):
+    out = tmp_path / "out.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "keras_clones.launch",
+            "--ps",
+            "1",
+            "--workers",
+            "2",
+            *options,
+            str(COORDINATOR),
+            str(out),
+            *kill,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    results = json.loads(out.read_text()) if out.exists() else None
+    return done, results
+
+
+def test_a_killed_worker_is_restarted_and_every_period_applied_once(
+    tmp_path,
+):
+    done, results = launch(
+        tmp_path,
+        "--restart-workers",
+        kill=("--kill", "worker", "1", "--restarted"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (
+        "worker 1 was killed by SIGKILL; training goes on: restarting it"
+        in done.stderr
+    )
+    # fit finished: every period's commit applied, once.
+    assert results["rounds"] == [4.0, 8.0, 12.0, 16.0]
+    assert results["iterations"] == PERIODS * 3
+    # The restarted worker takes work again.
+    assert results["workers_taking_work"] == 2
+
+
+def test_a_lost_parameter_server_ends_the_run_with_a_clear_error(tmp_path):
+    done, results = launch(
+        tmp_path, "--grace-period", "60", kill=("--kill", "ps", "1")
+    )
+    assert results is None
+    assert done.returncode == 128 + 9  # The server's SIGKILL.
+    assert "ps 0 was killed by SIGKILL; the coordinator has 60 s" in (
+        done.stderr
+    )
+    # The coordinator failed by itself, within the grace period.
+    assert "stopping the coordinator" not in done.stderr
+    assert "Parameter-server training stopped: a parameter server" in (
+        done.stdout
+    )
