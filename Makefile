@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: setup demo test format bench bench-agn bench-agn-rounds bench-callbacks bench-multiworker clean conformance
+.PHONY: setup demo test test-bench format bench bench-agn bench-agn-rounds bench-callbacks bench-multiworker clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
+
+# The benchmarks' slow --quick smoke runs, left out of `make test`.
+test-bench: setup
+	$(BIN)/python -m pytest --slow-bench -m slow_bench
 
 format: setup
 	$(BIN)/ruff check --fix .

@@ -22,6 +22,25 @@ tf.config.set_logical_device_configuration(
 import keras  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--slow-bench",
+        action="store_true",
+        help="run the slow benchmark smoke tests (marked slow_bench) too",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leaves the slow benchmark smoke runs to `make test-bench`, so that
+    `make test` stays within its time budget."""
+    if config.getoption("--slow-bench"):
+        return
+    slow = [item for item in items if "slow_bench" in item.keywords]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if "slow_bench" not in item.keywords]
+
+
 @pytest.fixture(autouse=True)
 def _fresh_keras_session():
     keras.utils.clear_session()

@@ -6,6 +6,8 @@ import json
 import pathlib
 import re
 
+import pytest
+
 ROOT = pathlib.Path(__file__).parent.parent
 ROW = re.compile(
     r"^\| (?P<config>[^|]+?) \| (?P<period>\d+) \| (?P<seeds>\d+) "
@@ -15,6 +17,7 @@ ROW = re.compile(
 )
 
 
+@pytest.mark.slow_bench
 def test_bench_agn_rounds_quick_prints_the_table(
     tmp_path, run_bench_quick, run_script
 ):

@@ -7,9 +7,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).parent.parent
 
 
+@pytest.mark.slow_bench
 def test_bench_multiworker_quick_prints_ratios_and_rounds(run_bench_quick):
     out = run_bench_quick("multiworker", timeout=180)
     ratio = r"\| [0-9.]+ \| [0-9.]+ \|"
@@ -29,6 +32,7 @@ def test_bench_multiworker_quick_prints_ratios_and_rounds(run_bench_quick):
         assert re.search(rf"\| AGN\(10\) 2w x10 / tf-keras 2w x10 {ratio}", out)
 
 
+@pytest.mark.slow_bench
 def test_bench_multiworker_evaluate_quick_prints_ratios():
     script = ROOT / "bench" / "multiworker.py"
     result = subprocess.run(

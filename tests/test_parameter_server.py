@@ -14,24 +14,32 @@ import pytest
 WORKER = pathlib.Path(__file__).parent / "workers" / "ps_worker.py"
 
 
+# The scenarios, by the number of workers of the cluster they share.
+GROUPS = {
+    1: ("one_worker", "agn_one_worker", "resume"),
+    2: ("two_workers", "refusals"),
+}
+
+
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory):
-    """`scenario(name)`: what ps_worker.py wrote for scenario `name`."""
-    results = {}
+    """`scenario(name)`: what ps_worker.py wrote for scenario `name` (its
+    group runs once, in a child process)."""
+    out = tmp_path_factory.mktemp("ps")
 
     def run(name):
-        if name not in results:
-            out = tmp_path_factory.mktemp(name)
+        path = out / f"{name}.json"
+        if not path.exists():
+            workers = next(w for w, names in GROUPS.items() if name in names)
             done = subprocess.run(
-                [sys.executable, str(WORKER), name],
+                [sys.executable, str(WORKER), str(workers), *GROUPS[workers]],
                 capture_output=True,
                 text=True,
                 env=dict(os.environ, KERAS_BACKEND="tensorflow", OUT=str(out)),
                 timeout=180,
             )
             assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-            results[name] = json.loads((out / f"{name}.json").read_text())
-        return results[name]
+        return json.loads(path.read_text())
 
     return run
 

@@ -1,10 +1,11 @@
 """Parameter-server training in a child process; see
 tests/test_parameter_server.py.
 
-`OUT=DIR python ps_worker.py SCENARIO` starts an in-process cluster (1
-parameter server, and 1 or 2 workers), trains, and writes what the test
-asserts to DIR/SCENARIO.json. The references (one process, no strategy)
-run here too, on the same batches.
+`OUT=DIR python ps_worker.py WORKERS SCENARIO...` starts an in-process
+cluster (1 parameter server and WORKERS workers, 2 CPUs each), runs each
+scenario on it, and writes what the test asserts to DIR/SCENARIO.json.
+The references (one process, no strategy) run here too, on the same
+batches.
 """
 
 import json
@@ -114,10 +115,7 @@ def compare(strategy, make, reference, optimizer):
     }
 
 
-def one_worker():
-    strategy = tf.distribute.ParameterServerStrategy(
-        InProcessCluster(num_workers=1, cpus_per_server=2).resolver
-    )
+def one_worker(strategy):
     results = {
         "functional_sgd": compare(
             strategy,
@@ -170,11 +168,8 @@ AGN_RULES = {
 }
 
 
-def agn_one_worker():
+def agn_one_worker(strategy):
     """Asynchronous AGN on 1 worker against AGNOptimizer in one process."""
-    strategy = tf.distribute.ParameterServerStrategy(
-        InProcessCluster(num_workers=1).resolver
-    )
     results = {}
     for name, agn in AGN_RULES.items():
         result = compare(
@@ -201,12 +196,9 @@ class SumOfAppliedGradients:
         self.count.assign_add(1)
 
 
-def two_workers():
+def two_workers(strategy):
     """2 workers: plain SGD and Hermans's AGN, each with an outer SGD
     without momentum, against the sum of what the coordinator applied."""
-    strategy = tf.distribute.ParameterServerStrategy(
-        InProcessCluster(num_workers=2).resolver
-    )
     optimizers = {
         "sgd": (lambda: keras.optimizers.SGD(0.05), 0.05),
         "agn": (
@@ -257,12 +249,9 @@ class InterruptAtEpoch(keras.callbacks.Callback):
             raise RuntimeError("interrupted")
 
 
-def resume():
+def resume(strategy):
     """3 epochs uninterrupted, against 2 epochs, an interruption, and a new
     model resumed by `BackupAndRestore` (Adam's state too)."""
-    strategy = tf.distribute.ParameterServerStrategy(
-        InProcessCluster(num_workers=1).resolver
-    )
 
     def train(callbacks, epochs=3):
         with strategy.scope():
@@ -303,11 +292,8 @@ def refusal(fit):
     return "no error"
 
 
-def refusals():
+def refusals(strategy):
     """What `fit` refuses under ParameterServerStrategy, with messages."""
-    strategy = tf.distribute.ParameterServerStrategy(
-        InProcessCluster(num_workers=2, cpus_per_server=2).resolver
-    )
     with strategy.scope():
         model = functional(keras_clones.CloneModel)
         model.compile("sgd", "mse")
@@ -385,14 +371,22 @@ def refusals():
     return results
 
 
+SCENARIOS = {
+    "one_worker": one_worker,
+    "agn_one_worker": agn_one_worker,
+    "resume": resume,
+    "two_workers": two_workers,
+    "refusals": refusals,
+}
+
 if __name__ == "__main__":
-    scenario = sys.argv[1]
-    results = {
-        "one_worker": one_worker,
-        "two_workers": two_workers,
-        "refusals": refusals,
-        "resume": resume,
-        "agn_one_worker": agn_one_worker,
-    }[scenario]()
-    with open(os.path.join(os.environ["OUT"], f"{scenario}.json"), "w") as f:
-        json.dump(results, f)
+    # One cluster for all the scenarios named (a process has one).
+    workers = int(sys.argv[1])
+    strategy = tf.distribute.ParameterServerStrategy(
+        InProcessCluster(num_workers=workers, cpus_per_server=2).resolver
+    )
+    for scenario in sys.argv[2:]:
+        results = SCENARIOS[scenario](strategy)
+        path = os.path.join(os.environ["OUT"], f"{scenario}.json")
+        with open(path, "w") as f:
+            json.dump(results, f)
