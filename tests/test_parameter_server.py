@@ -16,7 +16,7 @@ WORKER = pathlib.Path(__file__).parent / "workers" / "ps_worker.py"
 
 # The scenarios, by the number of workers of the cluster they share.
 GROUPS = {
-    1: ("one_worker", "agn_one_worker", "resume"),
+    1: ("one_worker", "agn_one_worker", "resume", "inf_nan"),
     2: ("two_workers", "refusals"),
 }
 
@@ -113,6 +113,18 @@ def test_backup_and_restore_resumes_as_if_uninterrupted(scenario):
     assert result["weights"] < 1e-6
     assert result["epochs_run"] == 1
     assert result["iterations"] == 18
+
+
+def test_inf_nan_check_skips_a_step_as_in_one_process(scenario):
+    result = scenario("inf_nan")
+    assert result["finite"]
+    assert result["skipped"] == result["expected_skipped"] == [1.0, 1.0]
+    assert result["weights"] < 1e-5
+    # A worker's non-finite local steps are not guarded yet.
+    assert (
+        "cannot run with `keras_clones.callbacks.InfNanCheck`"
+        in (result["agn"])
+    )
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,15 @@ class AGNPeriods:
             self._state = self._rule.create_state(self._variables)
 
     def start(self):
+        if self.model.step_hooks.guard is not None:
+            # A guard registered by hand (`InfNanCheck` is refused before
+            # `fit` starts): the workers' local steps would not be guarded.
+            raise ValueError(
+                "Under ParameterServerStrategy, an AGNOptimizer cannot run "
+                "with a step guard yet: it would not guard the workers' "
+                f"local steps. Remove {self.model.step_hooks.guard!r} from "
+                "`model.step_hooks`."
+            )
         self.optimizer.start_centers_from_variables(self._variables)
 
     def on_worker(self, iterator):
@@ -56,11 +65,11 @@ class AGNPeriods:
             grads, loss, y_pred, states = self._gradients(
                 weights, states, x, y, sample_weight
             )
+            if self.optimizer.commit == "gradients":
+                total = _added(total, grads, weights)
             weights, inner = self._rule.step(
                 self._variables, weights, grads, inner
             )
-            grads = [tf.convert_to_tensor(g) for g in grads]
-            total = grads if total is None else map(tf.add, total, grads)
             batch_size = tf.shape(tf.nest.flatten(x)[0])[0]
             steps.append(
                 {
@@ -73,7 +82,7 @@ class AGNPeriods:
                     "clone_sizes": [batch_size],
                 }
             )
-        commit = self._commit(list(total), pulled, weights)
+        commit = self._commit(total, pulled, weights)
         writes = [s.assign(v) for s, v in zip(self._state, inner)]
         writes += [
             v.value.assign(s)
@@ -142,3 +151,14 @@ class AGNPeriods:
             self.optimizer.communication_rounds
         )
         return logs
+
+
+def _added(total, grads, weights):
+    """`total + grads`, gradients densified (a missing one is zero)."""
+    grads = [
+        tf.zeros_like(w) if g is None else tf.convert_to_tensor(g)
+        for g, w in zip(grads, weights)
+    ]
+    if total is None:
+        return grads
+    return [t + g for t, g in zip(total, grads)]

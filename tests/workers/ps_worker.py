@@ -284,6 +284,58 @@ def resume(strategy):
     }
 
 
+def inf_nan(strategy):
+    """InfNanCheck: a nan batch's step is skipped as in one process (a
+    plain optimizer); with AGN, refused for now."""
+    x, y = data()
+    y[10] = np.nan  # The second batch of every epoch.
+    nan_dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    with strategy.scope():
+        model = functional(keras_clones.CloneModel)
+        model.compile(keras.optimizers.Adam(0.01), "mse")
+    check = keras_clones.callbacks.InfNanCheck
+    history = model.fit(
+        nan_dataset,
+        epochs=EPOCHS,
+        steps_per_epoch=STEPS,
+        callbacks=[check()],
+        verbose=0,
+    )
+    plain = functional(keras_clones.CloneModel)
+    plain.compile(keras.optimizers.Adam(0.01), "mse")
+    expected = plain.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        callbacks=[check()],
+        verbose=0,
+    )
+    with strategy.scope():
+        agn = functional(keras_clones.CloneModel)
+        agn.compile(
+            keras_clones.AGNOptimizer(
+                keras.optimizers.Adam(0.01), communication_period=3
+            ),
+            "mse",
+        )
+    return {
+        "weights": max_difference(model.get_weights(), plain.get_weights()),
+        "skipped": history.history["skipped_steps"],
+        "expected_skipped": expected.history["skipped_steps"],
+        "finite": bool(all(np.isfinite(w).all() for w in model.get_weights())),
+        "agn": refusal(
+            lambda: agn.fit(
+                nan_dataset,
+                steps_per_epoch=STEPS,
+                callbacks=[check()],
+                verbose=0,
+            )
+        ),
+    }
+
+
 def refusal(fit):
     try:
         fit()
@@ -375,6 +427,7 @@ SCENARIOS = {
     "one_worker": one_worker,
     "agn_one_worker": agn_one_worker,
     "resume": resume,
+    "inf_nan": inf_nan,
     "two_workers": two_workers,
     "refusals": refusals,
 }
