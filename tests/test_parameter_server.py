@@ -107,10 +107,13 @@ def test_two_workers_apply_each_result_once_and_nothing_else(
         assert result["rounds"] == [2.0, 4.0]
 
 
-def test_backup_and_restore_resumes_as_if_uninterrupted(scenario):
-    # Adam's state and the epoch come back from the coordinator's backup.
-    result = scenario("resume")
+@pytest.mark.parametrize("case", ["adam", "agn"])
+def test_backup_and_restore_resumes_as_if_uninterrupted(scenario, case):
+    # Adam's state, or AGN's centers and outer momentum, and the epoch come
+    # back from the coordinator's backup.
+    result = scenario("resume")[case]
     assert result["weights"] < 1e-6
+    assert result["optimizer"] < 1e-6
     assert result["epochs_run"] == 1
     assert result["iterations"] == 18
 

@@ -251,37 +251,55 @@ class InterruptAtEpoch(keras.callbacks.Callback):
 
 def resume(strategy):
     """3 epochs uninterrupted, against 2 epochs, an interruption, and a new
-    model resumed by `BackupAndRestore` (Adam's state too)."""
-
-    def train(callbacks, epochs=3):
-        with strategy.scope():
-            model = functional(keras_clones.CloneModel)
-            model.compile(keras.optimizers.Adam(0.01), "mse")
-        history = model.fit(
-            dataset(),
-            epochs=epochs,
-            steps_per_epoch=STEPS,
-            callbacks=callbacks,
-            verbose=0,
-        )
-        return model, history
-
-    uninterrupted, _ = train([])
-    backup = keras.callbacks.BackupAndRestore(
-        os.path.join(os.environ["OUT"], "backup")
-    )
-    try:
-        train([backup, InterruptAtEpoch(2)])
-    except RuntimeError:
-        pass
-    resumed, history = train([backup])
-    return {
-        "weights": max_difference(
-            resumed.get_weights(), uninterrupted.get_weights()
+    model resumed by `BackupAndRestore`: with Adam (its state on the
+    parameter server) and with AGN (the centers and the outer optimizer;
+    inner SGD, whose workers keep no state to lose)."""
+    optimizers = {
+        "adam": lambda: keras.optimizers.Adam(0.01),
+        "agn": lambda: keras_clones.AGNOptimizer(
+            keras.optimizers.SGD(0.05),
+            communication_period=3,
+            outer_optimizer=keras.optimizers.SGD(0.9, momentum=0.5),
+            commit="weight_change",
         ),
-        "epochs_run": len(history.history["loss"]),
-        "iterations": int(resumed.optimizer.iterations.numpy()),
     }
+    results = {}
+    for name, optimizer in optimizers.items():
+
+        def train(callbacks, optimizer=optimizer):
+            with strategy.scope():
+                model = functional(keras_clones.CloneModel)
+                model.compile(optimizer(), "mse")
+            history = model.fit(
+                dataset(),
+                epochs=3,
+                steps_per_epoch=STEPS,
+                callbacks=callbacks,
+                verbose=0,
+            )
+            return model, history
+
+        uninterrupted, _ = train([])
+        backup = keras.callbacks.BackupAndRestore(
+            os.path.join(os.environ["OUT"], f"backup_{name}")
+        )
+        try:
+            train([backup, InterruptAtEpoch(2)])
+        except RuntimeError:
+            pass
+        resumed, history = train([backup])
+        results[name] = {
+            "weights": max_difference(
+                resumed.get_weights(), uninterrupted.get_weights()
+            ),
+            "optimizer": max_difference(
+                [v.numpy() for v in resumed.optimizer.variables],
+                [v.numpy() for v in uninterrupted.optimizer.variables],
+            ),
+            "epochs_run": len(history.history["loss"]),
+            "iterations": int(resumed.optimizer.iterations.numpy()),
+        }
+    return results
 
 
 def inf_nan(strategy):
