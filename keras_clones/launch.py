@@ -164,35 +164,19 @@ def launch(
     error_lines = [_ErrorLine() for _ in range(workers)]
     try:
         for index in range(workers):
-            tf_config = {
-                "cluster": {"worker": cluster},
-                "task": {"type": "worker", "index": index},
-            }
-            process = subprocess.Popen(
-                [sys.executable, "-u", script, *args],
-                env=dict(os.environ, TF_CONFIG=json.dumps(tf_config)),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                preexec_fn=_die_with_parent,
+            processes.append(
+                _start(
+                    [sys.executable, "-u", script, *args],
+                    {"worker": cluster},
+                    ("worker", index),
+                )
             )
-            processes.append(process)
         # Threads only once every worker is started (`preexec_fn` and
         # threads do not mix).
         for index, process in enumerate(processes):
-            reader = threading.Thread(
-                target=_print_lines,
-                args=(
-                    process.stdout,
-                    f"[worker {index}] ",
-                    lock,
-                    error_lines[index],
-                ),
-                daemon=True,
+            readers.append(
+                _read(process, f"[worker {index}] ", lock, error_lines[index])
             )
-            reader.start()
-            readers.append(reader)
         exit_code = _wait(processes, grace_period, lock, failed)
     finally:
         # Also reached on Ctrl-C or an error: no worker outlives the launcher.
@@ -246,42 +230,22 @@ def launch_parameter_servers(
     lock = threading.Lock()
     error_lines = {task: _ErrorLine() for task in names}
     processes, readers = {}, []
-
-    def start(kind, index, command):
-        tf_config = {"cluster": cluster, "task": {"type": kind, "index": index}}
-        return subprocess.Popen(
-            command,
-            env=dict(os.environ, TF_CONFIG=json.dumps(tf_config)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            preexec_fn=_die_with_parent,
-        )
-
-    def read(task):
-        reader = threading.Thread(
-            target=_print_lines,
-            args=(
-                processes[task].stdout,
-                f"[{names[task]}] ",
-                lock,
-                error_lines[task],
-            ),
-            daemon=True,
-        )
-        reader.start()
-        readers.append(reader)
-
     try:
         # The servers first, so that the coordinator finds them.
         for kind, index, command in tasks[1:] + tasks[:1]:
-            processes[(kind, index)] = start(kind, index, command)
+            processes[(kind, index)] = _start(command, cluster, (kind, index))
+
+        def read(task):
+            prefix = f"[{names[task]}] "
+            readers.append(
+                _read(processes[task], prefix, lock, error_lines[task])
+            )
+
         for task in processes:
             read(task)
 
         def restart(task):
-            processes[task] = start(*task, server)
+            processes[task] = _start(server, cluster, task)
             read(task)
 
         exit_code, failed = _wait_parameter_servers(
@@ -338,6 +302,33 @@ def _wait_parameter_servers(processes, names, grace_period, lock, restart):
             _log("stopping the coordinator and the servers.", lock)
             return exit_code, failed
         time.sleep(_POLL_INTERVAL)
+
+
+def _start(command, cluster, task):
+    """Starts `command` as task `(type, index)` of `cluster` (its
+    `TF_CONFIG`), its output piped, killed when the launcher dies."""
+    kind, index = task
+    tf_config = {"cluster": cluster, "task": {"type": kind, "index": index}}
+    return subprocess.Popen(
+        command,
+        env=dict(os.environ, TF_CONFIG=json.dumps(tf_config)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        preexec_fn=_die_with_parent,
+    )
+
+
+def _read(process, prefix, lock, error_line):
+    """A started thread printing `process`'s lines with `prefix`."""
+    reader = threading.Thread(
+        target=_print_lines,
+        args=(process.stdout, prefix, lock, error_line),
+        daemon=True,
+    )
+    reader.start()
+    return reader
 
 
 def _die_with_parent():

@@ -277,16 +277,22 @@ def test_progress_bars_print_on_the_chief_only(restarted):
 def test_a_lost_worker_ends_the_others_in_bounded_time(mode, grace_period):
     # After a kill, worker 0 must fail by itself, long before the launcher
     # would stop it; a stalled worker 1 is stopped after worker 0 failed.
-    start = time.monotonic()
-    output = run(
-        *LAUNCH,
-        "--grace-period",
-        str(grace_period),
-        str(LOST_WORKER),
-        mode,
-        fails=True,
-    )
-    elapsed = time.monotonic() - start
+    for _ in range(2):
+        start = time.monotonic()
+        output = run(
+            *LAUNCH,
+            "--grace-period",
+            str(grace_period),
+            str(LOST_WORKER),
+            mode,
+            fails=True,
+        )
+        elapsed = time.monotonic() - start
+        # TensorFlow 2.21 itself now and then segfaults while aborting a
+        # timed-out collective (seen once in a CI run, 2026-11-22): once,
+        # run again; twice is a failure.
+        if "worker 0 was killed by SIGSEGV" not in output:
+            break
     assert "worker 0 exited with code 1" in output, output[-6000:]
     assert "another worker died or stopped answering" in output
     lost = re.search(r"\[worker 1\] batch 5 done at ([\d.]+)", output)
