@@ -66,15 +66,30 @@ def test_rule_applies_the_variables_constraint_as_keras():
         np.testing.assert_allclose(w, e, atol=1e-6)
 
 
-def test_rule_densifies_sparse_gradients_as_keras_applies_them():
-    variable = keras.Variable(np.ones((4, 2), "float32"))
-    optimizer = keras.optimizers.Adam(0.1)
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        lambda: keras.optimizers.Adam(0.1),
+    ],
+    ids=["momentum", "adam"],
+)
+def test_sparse_gradients_with_repeated_rows_step_as_keras(make_optimizer):
+    # An Embedding's gradient repeats a row looked up twice; Keras's Adam
+    # squares the rows before summing them.
+    variable = keras.Variable(np.ones((5, 2), "float32"))
+    optimizer = make_optimizer()
     optimizer.build([variable])
     rule = inner_steps.rule_for(optimizer)
-    sparse = tf.IndexedSlices(
-        tf.ones((1, 2)), tf.constant([2]), tf.constant([4, 2])
-    )
-    state = [tf.constant(0, "int64"), tf.zeros((4, 2)), tf.zeros((4, 2))]
-    (weight,), _ = rule.step([variable], [variable.value], [sparse], state)
-    optimizer.apply([sparse], [variable])
-    np.testing.assert_allclose(weight.numpy(), variable.numpy(), atol=1e-6)
+    weights = [tf.constant(variable.numpy())]
+    state = [tf.constant(0, "int64")] + [
+        tf.zeros((5, 2)) for _ in rule.slot_names
+    ]
+    for k in range(4):
+        values = np.arange(6, dtype="float32").reshape(3, 2) + k
+        sparse = tf.IndexedSlices(
+            tf.constant(values), tf.constant([1, 1, 3]), tf.constant([5, 2])
+        )
+        optimizer.apply([sparse], [variable])
+        weights, state = rule.step([variable], weights, [sparse], state)
+    np.testing.assert_allclose(weights[0].numpy(), variable.numpy(), atol=1e-6)

@@ -16,7 +16,7 @@ WORKER = pathlib.Path(__file__).parent / "workers" / "ps_worker.py"
 
 # The scenarios, by the number of workers of the cluster they share.
 GROUPS = {
-    1: ("one_worker", "agn_one_worker", "resume", "inf_nan"),
+    1: ("one_worker", "agn_one_worker", "resume", "inf_nan", "sparse"),
     2: ("two_workers", "refusals"),
 }
 
@@ -116,6 +116,13 @@ def test_backup_and_restore_resumes_as_if_uninterrupted(scenario, case):
     assert result["optimizer"] < 1e-6
     assert result["epochs_run"] == 1
     assert result["iterations"] == 18
+
+
+@pytest.mark.parametrize("case", ["sgd", "adam", "agn"])
+def test_sparse_gradients_train_as_in_one_process(scenario, case):
+    # An Embedding's gradients (tf.IndexedSlices) from the worker, applied
+    # by Keras's optimizer on the coordinator, or in AGN's inner steps.
+    assert scenario("sparse")[case] < 1e-5
 
 
 def test_inf_nan_check_skips_a_step_as_in_one_process(scenario):

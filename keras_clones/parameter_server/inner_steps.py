@@ -100,9 +100,13 @@ class _Rule:
                 new_weights.append(w)
                 new_slots.extend(own)
                 continue
-            g = tf.convert_to_tensor(g)  # Sparse gradients, densified.
             lr_v = tf.cast(lr, w.dtype)
-            g = tf.cast(g, w.dtype)
+            if isinstance(g, tf.IndexedSlices):
+                g = tf.IndexedSlices(
+                    tf.cast(g.values, w.dtype), g.indices, g.dense_shape
+                )
+            else:
+                g = tf.cast(g, w.dtype)
             decay = self.optimizer.weight_decay
             if decay and internals.uses_weight_decay(self.optimizer, variable):
                 w = w - w * tf.cast(decay, w.dtype) * lr_v
@@ -120,6 +124,7 @@ class _SGD(_Rule):
         self.slot_names = ("momentum",) if optimizer.momentum else ()
 
     def update(self, w, g, slots, lr, count):
+        g = tf.convert_to_tensor(g)  # Linear in g: sparse sums to dense.
         if not self.slot_names:
             return w - g * lr, []
         momentum = tf.cast(self.optimizer.momentum, w.dtype)
@@ -139,6 +144,15 @@ class _Adam(_Rule):
         beta_1_power = tf.pow(tf.cast(o.beta_1, w.dtype), t)
         beta_2_power = tf.pow(tf.cast(o.beta_2, w.dtype), t)
         alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        if isinstance(g, tf.IndexedSlices):
+            # As Keras's sparse ops compute it: the rows are squared before a
+            # repeated row is summed.
+            squared = tf.convert_to_tensor(
+                tf.IndexedSlices(tf.square(g.values), g.indices, g.dense_shape)
+            )
+            g = tf.convert_to_tensor(g)
+        else:
+            squared = tf.square(g)
         m = m + (g - m) * (1 - o.beta_1)
-        v = v + (tf.square(g) - v) * (1 - o.beta_2)
+        v = v + (squared - v) * (1 - o.beta_2)
         return w - (m * alpha) / (tf.sqrt(v) + o.epsilon), [m, v]

@@ -302,6 +302,49 @@ def resume(strategy):
     return results
 
 
+def sparse(strategy):
+    """An Embedding's sparse gradients, async (SGD, Adam, and AGN with
+    inner Adam) against one process."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 20, size=(BATCH * STEPS, 3))
+    y = rng.normal(size=(BATCH * STEPS, 1)).astype("float32")
+
+    def embedding_model(cls):
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((3,), dtype="int32")
+        hidden = keras.layers.Flatten()(keras.layers.Embedding(20, 4)(inputs))
+        return cls(inputs, keras.layers.Dense(1)(hidden))
+
+    optimizers = {
+        "sgd": (lambda: keras.optimizers.SGD(0.1), keras.Model),
+        "adam": (lambda: keras.optimizers.Adam(0.01), keras.Model),
+        "agn": (
+            lambda: keras_clones.AGNOptimizer(
+                keras.optimizers.Adam(0.01), communication_period=3
+            ),
+            keras_clones.CloneModel,
+        ),
+    }
+    results = {}
+    for name, (optimizer, reference) in optimizers.items():
+        with strategy.scope():
+            model = embedding_model(keras_clones.CloneModel)
+            model.compile(optimizer(), "mse")
+        model.fit(
+            tf.data.Dataset.from_tensor_slices((ids, y)).batch(BATCH),
+            epochs=EPOCHS,
+            steps_per_epoch=STEPS,
+            verbose=0,
+        )
+        plain = embedding_model(reference)
+        plain.compile(optimizer(), "mse")
+        plain.fit(
+            ids, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0
+        )
+        results[name] = max_difference(model.get_weights(), plain.get_weights())
+    return results
+
+
 def inf_nan(strategy):
     """InfNanCheck: a nan batch's step is skipped as in one process (a
     plain optimizer); with AGN, refused for now."""
@@ -446,6 +489,7 @@ SCENARIOS = {
     "agn_one_worker": agn_one_worker,
     "resume": resume,
     "inf_nan": inf_nan,
+    "sparse": sparse,
     "two_workers": two_workers,
     "refusals": refusals,
 }
