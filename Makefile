@@ -3,12 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# bench/multiworker.py's Keras 2 anchor (tf-keras) lives in a venv of its
-# own, so that .venv, which the tests run in, keeps Keras 3 alone.
+# The Keras 2 anchor (tf-keras) of bench/multiworker.py and bench/ps.py
+# lives in a venv of its own, so that .venv, which the tests run in, keeps
+# Keras 3 alone.
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: setup demo test test-bench format bench bench-agn bench-agn-rounds bench-callbacks bench-multiworker clean conformance
+.PHONY: setup demo test test-bench format bench bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +44,9 @@ bench-agn: setup
 bench-agn-rounds: setup
 	$(BIN)/python bench/agn_rounds.py
 
+bench-agn-paper: setup
+	$(BIN)/python bench/agn_paper.py
+
 bench-callbacks: setup
 	$(BIN)/python bench/callbacks.py
 
@@ -58,6 +62,9 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 
 bench-multiworker: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/multiworker.py
+
+bench-ps: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python bench/ps.py
 
 # Keras's own tests, with keras_clones substituted in (tests/conformance).
 CONFORMANCE_STAMP := $(VENV)/.installed-conformance

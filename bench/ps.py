@@ -1,0 +1,554 @@
+"""Parameter-server training throughput: keras_clones against tf-keras.
+
+What it measures: examples per second of `Model.fit` for an MLP 64-256-256-2
+(softmax, sparse categorical crossentropy) with SGD(0.01, momentum=0.9) on
+synthetic data, at 128 rows per worker and step in every variant, with 1, 2
+and 4 workers:
+
+1. `keras_clones PS Nw`: a `CloneModel` (one clone per worker) under
+   `tf.distribute.ParameterServerStrategy` on a
+   `keras_clones.parameter_server.InProcessCluster(num_workers=N)` (1
+   parameter server). Its `fit` trains asynchronously (DOWNPOUR): the
+   coordinator keeps one step in flight per worker through
+   `ClusterCoordinator`; a worker reads the weights from the parameter
+   server and computes one batch's gradients; the coordinator fetches them
+   and applies them with the Keras optimizer, one step after another;
+2. `AGN(10) PS Nw`: the same, compiled with
+   `AGNOptimizer(SGD(0.01, momentum=0.9), communication_period=10)`: a
+   scheduled function is one worker's period of 10 local steps on its own
+   copy of the centers, and the coordinator applies its commit with the
+   outer optimizer (default), one commit per 10 worker batches. Where the
+   installed keras_clones refuses `AGNOptimizer` under the strategy, the
+   tables say "not yet";
+3. `tf-keras PS Nw`, the anchor: Keras 2 (the `tf-keras` package,
+   `TF_USE_LEGACY_KERAS=1`), a plain `tf_keras.Sequential` of the same MLP
+   with the same optimizer under the same strategy, on the same in-process
+   cluster (`keras_clones/parameter_server/cluster.py` loaded from its file,
+   which imports only TensorFlow: the process does not run `keras_clones`'s
+   `__init__` or import Keras 3). tf-keras schedules every step of an epoch
+   without waiting for results, and each worker applies its own updates to
+   the parameter server. Skipped, with a note, where `tf_keras` is not
+   installed (`make bench-ps` runs in `.venv-bench`, which has it);
+4. `keras_clones MWMS Nw`: keras_clones's synchronous multi-worker path, the
+   same `CloneModel` under `tf.distribute.MultiWorkerMirroredStrategy`, N
+   worker processes started by `keras_clones/launch.py` on 127.0.0.1 (as in
+   `bench/multiworker.py`), a global batch of 128 x N auto-sharded by data
+   (128 rows per worker), the gradients all-reduced every step.
+
+A step is one worker batch for the parameter-server variants and one
+synchronous step of all N workers (N batches) for MWMS, so an epoch is S
+worker batches in all (S / N MWMS steps): every epoch trains on S x 128
+examples in every variant. The synthetic data set is 2,048 rows (16 batches
+of 128), cached and repeated, not shuffled; under parameter-server training
+each worker iterates its own copy.
+
+How: each run of a variant is a process of its own (a parameter-server
+variant is a child process running this script with `--worker`, which is
+the coordinator and holds the cluster's servers; MWMS a `keras_clones.launch`
+of N workers running it with `--worker`), so that no two share TensorFlow
+state. R repeats run the variants round robin (A B C ... A B C ...), so that
+machine noise hits all alike. Each run builds the model from the same seed
+and trains one `fit` of E epochs of S worker batches; the first epoch
+(tracing, warm-up, the cluster's connection) is not timed. The run prints
+the examples/s of epochs 2..E (each from `on_epoch_begin` to `on_epoch_end`;
+every variant's epoch ends when all its updates are applied), the last
+epoch's loss, the optimizer's `iterations` at the end (AGN: and its applied
+commits), and for keras_clones the last epoch's staleness (mean and max).
+The driver prints, per variant, the best-of and the median over the
+repeats, then the ratios (of the best-ofs, of the medians, and the median
+of each repeat's ratio) that the goals are about: keras_clones PS >=
+tf-keras PS and keras_clones PS >= keras_clones MWMS, with the same number
+of workers; and AGN(10) PS against both PS variants.
+
+All servers of a parameter-server variant (N workers, 1 parameter server,
+each with N + 2 inter-op threads, as `InProcessCluster` makes them) and the
+coordinator share this machine's cores, as do the N processes of MWMS.
+
+Usage:
+    python bench/ps.py [--quick] [--repeats R] [--steps S] [--epochs E]
+                       [--workers N [N ...]]
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import launching
+from launching import positive_int
+
+WORKER_FLAG = "--worker"
+RESULT = "RESULT "
+
+SEED = 0
+NUM_FEATURES = 64
+HIDDEN = 256
+NUM_CLASSES = 2
+BATCH = 128  # Rows per worker and step, in every variant.
+NUM_BATCHES = 16  # Distinct worker batches in the synthetic data set.
+LEARNING_RATE = 0.01
+MOMENTUM = 0.9
+WORKERS = (1, 2, 4)
+STEPS = 400  # Worker batches per epoch.
+EPOCHS = 3  # The first one is not timed.
+REPEATS = 3
+QUICK_WORKERS = (2,)
+QUICK_STEPS = 20
+QUICK_EPOCHS = 2
+QUICK_REPEATS = 1
+TIMEOUT = 600  # Seconds a run may take before it is stopped.
+
+KC_PS = "keras_clones PS"
+TFK_PS = "tf-keras PS"
+KC_MW = "keras_clones MWMS"
+AGN_PERIOD = 10
+AGN_PS = f"AGN({AGN_PERIOD}) PS"
+AGN_NOTE = "not yet (AGNOptimizer refused under ParameterServerStrategy)"
+
+# Worker kinds: (label, runs under keras_clones.launch)
+KINDS = {
+    "ps_keras_clones": (KC_PS, False),
+    "ps_agn_keras_clones": (AGN_PS, False),
+    "ps_tf_keras": (TFK_PS, False),
+    "mwms_keras_clones": (KC_MW, True),
+}
+
+
+def variant_name(kind, workers):
+    return f"{KINDS[kind][0]} {workers}w"
+
+
+# The worker: one run of a variant.
+
+
+def worker_main(argv):
+    parser = argparse.ArgumentParser()
+    parser.add_argument(WORKER_FLAG, choices=list(KINDS))
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--epochs", type=int, required=True)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    tf_keras = args.worker == "ps_tf_keras"
+    if tf_keras:
+        # Keras 2: tf.keras is tf_keras; keras_clones is not imported.
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import numpy as np
+    import tensorflow as tf
+
+    if args.worker == "mwms_keras_clones":
+        # Before any other TensorFlow op: collectives are set up at startup.
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        chief = strategy.cluster_resolver.task_id == 0
+        batch, steps = BATCH * args.workers, args.steps // args.workers
+    else:
+        cluster = in_process_cluster(tf_keras, args.workers)
+        strategy = tf.distribute.ParameterServerStrategy(cluster.resolver)
+        chief = True
+        batch, steps = BATCH, args.steps
+    if tf_keras:
+        import tf_keras as keras
+    else:
+        import keras
+
+        import keras_clones
+
+    rng = np.random.default_rng(SEED)
+    x = rng.standard_normal((BATCH * NUM_BATCHES, NUM_FEATURES), "float32")
+    w = rng.standard_normal((NUM_FEATURES, NUM_CLASSES), "float32")
+    y = np.argmax(x @ w, axis=1).astype(np.int32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    dataset = dataset.batch(batch, drop_remainder=True)
+    dataset = dataset.cache().repeat().prefetch(tf.data.AUTOTUNE)
+    if args.worker == "mwms_keras_clones":
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.DATA
+        )
+        dataset = dataset.with_options(options)
+
+    with strategy.scope():
+        keras.utils.set_random_seed(SEED)
+        layers = [
+            keras.layers.Dense(HIDDEN, activation="relu"),
+            keras.layers.Dense(HIDDEN, activation="relu"),
+            keras.layers.Dense(NUM_CLASSES, activation="softmax"),
+        ]
+        optimizer = keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
+        if args.worker == "ps_agn_keras_clones":
+            optimizer = keras_clones.AGNOptimizer(optimizer, AGN_PERIOD)
+        if tf_keras:
+            model = keras.Sequential([keras.Input((NUM_FEATURES,)), *layers])
+        else:
+            inputs = keras.Input((NUM_FEATURES,))
+            outputs = inputs
+            for layer in layers:
+                outputs = layer(outputs)
+            model = keras_clones.CloneModel(inputs, outputs)
+        model.compile(optimizer, "sparse_categorical_crossentropy")
+
+    timer = epoch_timer(keras)
+    try:
+        model.fit(
+            dataset,
+            epochs=args.epochs,
+            steps_per_epoch=steps,
+            callbacks=[timer],
+            verbose=0,
+        )
+    except ValueError as e:
+        if "AGNOptimizer" not in str(e):
+            raise
+        # A keras_clones that does not train AGN under the strategy yet.
+        print(RESULT + json.dumps({"refused": str(e)}), flush=True)
+        return
+    if chief:
+        epochs = timer.epochs[1:]
+        examples = batch * steps * len(epochs)
+        seconds = sum(e["seconds"] for e in epochs)
+        logs = epochs[-1]["logs"]
+        result = {
+            "examples": examples,
+            "seconds": seconds,
+            "examples_per_s": examples / seconds,
+            "first_epoch_s": timer.epochs[0]["seconds"],
+            "loss": logs["loss"],
+            "updates": int(model.optimizer.iterations.numpy()),
+            "expected_updates": steps * args.epochs,
+            "commits": None,
+            "staleness": logs.get("staleness"),
+            "max_staleness": logs.get("max_staleness"),
+            "tensorflow": tf.__version__,
+            "keras": keras.__version__,
+            "library": os.path.dirname(
+                (keras if tf_keras else keras_clones).__file__
+            ),
+        }
+        if args.worker == "ps_agn_keras_clones":
+            rounds = optimizer.communication_rounds.numpy()
+            result["commits"] = int(rounds)
+        print(RESULT + json.dumps(result), flush=True)
+
+
+def in_process_cluster(tf_keras, workers):
+    """`InProcessCluster(num_workers=workers)`; for tf-keras from
+    `keras_clones/parameter_server/cluster.py` loaded as a file of its own,
+    so that the process runs neither `keras_clones`'s `__init__` nor Keras
+    3 (the module imports only TensorFlow)."""
+    if not tf_keras:
+        from keras_clones.parameter_server import InProcessCluster
+
+        return InProcessCluster(num_workers=workers)
+    package = importlib.util.find_spec("keras_clones")
+    path = os.path.join(
+        package.submodule_search_locations[0], "parameter_server", "cluster.py"
+    )
+    spec = importlib.util.spec_from_file_location("ps_cluster", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.InProcessCluster(num_workers=workers)
+
+
+def epoch_timer(keras):
+    """A callback with every epoch's seconds and logs (epoch hooks only: a
+    batch hook would make tf-keras under ParameterServerStrategy fetch
+    every step's logs)."""
+
+    class EpochTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epochs = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            seconds = time.perf_counter() - self.start
+            logs = {k: float(v) for k, v in (logs or {}).items()}
+            self.epochs.append({"seconds": seconds, "logs": logs})
+
+    return EpochTimer()
+
+
+# The driver: runs the variants and prints the tables.
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(
+        description="Parameter-server training throughput: keras_clones "
+        "against tf-keras and against keras_clones's synchronous "
+        "multi-worker training."
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        help=f"round-robin repeats (default {REPEATS}, or {QUICK_REPEATS} "
+        "with --quick)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=positive_int,
+        help="worker batches per epoch, a multiple of every worker count "
+        f"(default {STEPS}, or {QUICK_STEPS} with --quick)",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=positive_int,
+        help=f"epochs per run, the first not timed, >= 2 (default {EPOCHS}, "
+        f"or {QUICK_EPOCHS} with --quick)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        nargs="+",
+        help="worker counts (default "
+        f"{' '.join(map(str, WORKERS))}, or "
+        f"{' '.join(map(str, QUICK_WORKERS))} with --quick)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 2 workers, few steps, one repeat (under a minute)",
+    )
+    args = parser.parse_args()
+    if args.repeats is None:
+        args.repeats = QUICK_REPEATS if args.quick else REPEATS
+    if args.steps is None:
+        args.steps = QUICK_STEPS if args.quick else STEPS
+    if args.epochs is None:
+        args.epochs = QUICK_EPOCHS if args.quick else EPOCHS
+    if args.workers is None:
+        args.workers = QUICK_WORKERS if args.quick else WORKERS
+    args.workers = sorted(set(args.workers))
+    uneven = [n for n in (*args.workers, AGN_PERIOD) if args.steps % n]
+    if uneven:
+        parser.error(
+            "--steps must be a multiple of every worker count and of "
+            f"{AGN_PERIOD} (the AGN period); not of {uneven}"
+        )
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2 (the first is not timed)")
+    return args
+
+
+def run_process(command, timeout):
+    """Runs `command` in a session of its own, stopped with its children
+    after `timeout` seconds; its exit status and lines of output."""
+    process = subprocess.Popen(
+        command,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        output += f"\n(stopped after {timeout} s)"
+    return process.returncode, output.splitlines()
+
+
+def run_variant(kind, workers, args):
+    """Runs one variant once; its result, or None if it failed."""
+    arguments = [__file__, WORKER_FLAG, kind, "--workers", str(workers)]
+    arguments += ["--steps", str(args.steps), "--epochs", str(args.epochs)]
+    start = time.perf_counter()
+    if KINDS[kind][1]:
+        status, lines = launching.run_launch(workers, arguments, TIMEOUT)
+        prefix = "[worker 0] " + RESULT
+    else:
+        status, lines = run_process([sys.executable, *arguments], TIMEOUT)
+        prefix = RESULT
+    wall = time.perf_counter() - start
+    for line in lines:
+        if line.startswith(prefix):
+            result = json.loads(line[len(prefix) :])
+            result["wall_s"] = wall
+            return result
+    tail = "\n".join(lines[-40:])
+    print(
+        f"Note: {variant_name(kind, workers)} failed (exit status {status}); "
+        f"the last lines of its output:\n{tail}\n",
+        flush=True,
+    )
+    return None
+
+
+def tf_keras_installed():
+    return importlib.util.find_spec("tf_keras") is not None
+
+
+def measure(variants, args):
+    """Round-robin runs; per variant name the list of results (a variant
+    that `fit` refused is run once: its list holds the refusal)."""
+    results = {variant_name(*v): [] for v in variants}
+    for repeat in range(args.repeats):
+        for kind, workers in variants:
+            name = variant_name(kind, workers)
+            if refused(results[name]):
+                continue
+            result = run_variant(kind, workers, args)
+            if result is not None and "refused" in result:
+                results[name].append(result)
+                print(f"{name}: refused by `fit`: {result['refused']}")
+            elif result is not None:
+                result["repeat"] = repeat
+                results[name].append(result)
+                print(
+                    f"repeat {repeat + 1}/{args.repeats}: {name}: "
+                    f"{result['examples_per_s']:,.0f} examples/s "
+                    f"({result['wall_s']:.0f} s wall)",
+                    flush=True,
+                )
+    return results
+
+
+def refused(runs):
+    return bool(runs) and "refused" in runs[0]
+
+
+def summary(values):
+    return max(values), statistics.median(values)
+
+
+def throughput_table(results, args):
+    timed = (args.epochs - 1) * args.steps
+    lines = [
+        f"MLP {NUM_FEATURES}-{HIDDEN}-{HIDDEN}-{NUM_CLASSES}, {BATCH} rows "
+        f"per worker and step, {args.epochs} epochs of {args.steps} worker "
+        f"batches per run (the last {timed} timed), {args.repeats} "
+        f"repeat{'s' if args.repeats > 1 else ''}.",
+        "",
+        "| variant | best examples/s | median examples/s | last loss "
+        "| updates | staleness (mean / max) | runs |",
+        "|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for name, runs in results.items():
+        if not runs:
+            lines.append(f"| {name} | failed | failed | - | - | - | 0 |")
+            continue
+        if refused(runs):
+            lines.append(f"| {name} | {AGN_NOTE} | - | - | - | - | 0 |")
+            continue
+        best, median = summary([r["examples_per_s"] for r in runs])
+        last = runs[-1]
+        updates = f"{last['updates']:,}"
+        if last["updates"] != last["expected_updates"]:
+            updates += f" (of {last['expected_updates']:,})"
+        if last["commits"] is not None:
+            updates += f", {last['commits']:,} commits"
+        staleness = "-"
+        if last["staleness"] is not None:
+            mean, most = last["staleness"], last["max_staleness"]
+            staleness = f"{mean:.2f} / {most:.0f}"
+        lines.append(
+            f"| {name} | {best:,.0f} | {median:,.0f} | {last['loss']:.4f} "
+            f"| {updates} | {staleness} | {len(runs)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def ratios(args):
+    """(numerator, denominator, goal or None) for the worker counts run."""
+    rows = []
+    for n in args.workers:
+        rows.append((f"{KC_PS} {n}w", f"{TFK_PS} {n}w", 1.0))
+    for n in args.workers:
+        rows.append((f"{KC_PS} {n}w", f"{KC_MW} {n}w", 1.0))
+    for n in args.workers:
+        rows.append((f"{TFK_PS} {n}w", f"{KC_MW} {n}w", None))
+    for n in args.workers:
+        rows.append((f"{AGN_PS} {n}w", f"{TFK_PS} {n}w", None))
+    for n in args.workers:
+        rows.append((f"{AGN_PS} {n}w", f"{KC_PS} {n}w", None))
+    for label in (KC_PS, AGN_PS, TFK_PS, KC_MW):
+        for n in args.workers[1:]:
+            first = args.workers[0]
+            rows.append((f"{label} {n}w", f"{label} {first}w", None))
+    return rows
+
+
+def ratio_table(results, rows):
+    """Ratios of best-of, of median, and the median of each repeat's ratio
+    (which cancels slow drifts of the machine's load)."""
+    lines = [
+        "| ratio | best-of | median | per-repeat median | goal "
+        "| met (best / median / per-repeat) |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for numerator, denominator, goal in rows:
+        label = f"{numerator} / {denominator}"
+        top, bottom = results.get(numerator), results.get(denominator)
+        if refused(top or []) or refused(bottom or []):
+            lines.append(f"| {label} | n/a | n/a | n/a | - | {AGN_NOTE} |")
+            continue
+        if not top or not bottom:
+            missing = numerator if not top else denominator
+            why = "not run" if missing not in results else "failed"
+            lines.append(f"| {label} | n/a | n/a | n/a | - | {missing} {why} |")
+            continue
+        by_repeat = {r["repeat"]: r["examples_per_s"] for r in bottom}
+        paired = statistics.median(
+            r["examples_per_s"] / by_repeat[r["repeat"]]
+            for r in top
+            if r["repeat"] in by_repeat
+        )
+        top = summary([r["examples_per_s"] for r in top])
+        bottom = summary([r["examples_per_s"] for r in bottom])
+        values = (top[0] / bottom[0], top[1] / bottom[1], paired)
+        goal_text, met = "-", "-"
+        if goal is not None:
+            goal_text = f">= {goal:g}"
+            met = " / ".join("yes" if v >= goal else "NO" for v in values)
+        lines.append(
+            f"| {label} | {values[0]:.2f} | {values[1]:.2f} "
+            f"| {values[2]:.2f} | {goal_text} | {met} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    args = parse_args()
+    print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPU cores.")
+    kinds = list(KINDS)
+    if not tf_keras_installed():
+        kinds.remove("ps_tf_keras")
+        print(
+            f"Note: tf-keras is not installed for {sys.executable}: the "
+            "tf-keras variants are skipped. `make bench-ps` runs in "
+            ".venv-bench, which has it (tf-keras matching TensorFlow)."
+        )
+    print()
+    variants = [(kind, n) for n in args.workers for kind in kinds]
+    start = time.perf_counter()
+    results = measure(variants, args)
+    versions = {
+        f"{KINDS[kind][0]}: TensorFlow {r[0]['tensorflow']}, Keras "
+        f"{r[0]['keras']}, from {r[0]['library']}"
+        for kind, n in variants
+        if (r := results[variant_name(kind, n)]) and not refused(r)
+    }
+    print()
+    print("\n".join(sorted(versions)))
+    print(f"Wall time {time.perf_counter() - start:.0f} s.\n")
+    print(throughput_table(results, args))
+    print(ratio_table(results, ratios(args)))
+    failed = [name for name, runs in results.items() if not runs]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    if WORKER_FLAG in sys.argv:
+        worker_main(sys.argv[1:])
+    else:
+        sys.exit(main())
