@@ -434,12 +434,16 @@ def summary(values):
     return statistics.fmean(values), sd, min(values), max(values)
 
 
-def accuracy_text(runs, spread=True):
+def accuracy_text(runs, seeds=None):
+    """Mean ± sd (min-max); with `seeds`, the number of seeds if fewer (a
+    run stopped early)."""
     mean, sd, low, high = summary([r["accuracy"] for r in runs])
-    if len(runs) == 1:
-        return f"{mean:.3f}"
-    text = f"{mean:.3f} ± {sd:.3f}"
-    return f"{text} ({low:.3f}-{high:.3f})" if spread else text
+    text = f"{mean:.3f}"
+    if len(runs) > 1:
+        text += f" ± {sd:.3f} ({low:.3f}-{high:.3f})"
+    if seeds and len(runs) < seeds:
+        text += f" [{len(runs)} seeds]"
+    return text
 
 
 def tables(data):
@@ -454,7 +458,8 @@ def tables(data):
         text.append(
             "Synchronous reference (plain `keras.Model`, Adam(1e-3), one "
             f"process, {meta['steps']:,} batches of {BATCH}): held-out "
-            f"accuracy {accuracy_text(sync)} over {len(sync)} seeds."
+            f"accuracy {accuracy_text(sync)} over {len(sync)} "
+            f"seed{'s' if len(sync) > 1 else ''}."
         )
     header = "| n \\ p | " + " | ".join(f"p={p}" for p in periods) + " |"
     rule_line = "|---|" + "---:|" * len(periods)
@@ -468,7 +473,7 @@ def tables(data):
         text += [header, rule_line]
         for n in workers:
             row = [
-                accuracy_text(table[(rule, n, p)])
+                accuracy_text(table[(rule, n, p)], len(meta["seeds"]))
                 if (rule, n, p) in table
                 else "-"
                 for p in periods
@@ -536,7 +541,7 @@ def heatmaps(data, directory):
     paths = []
     for rule in RULES:
         grid = np.full((len(workers), len(periods)), np.nan)
-        figure, axes = plt.subplots(figsize=(7.2, 5.4))
+        figure, axes = plt.subplots(figsize=(8.4, 5.6))
         for i, n in enumerate(workers):
             for j, p in enumerate(periods):
                 runs = table.get((rule, n, p))
@@ -547,6 +552,8 @@ def heatmaps(data, directory):
                 staleness = statistics.fmean(r["staleness"] for r in runs)
                 shade = (mean - low) / (high - low) if high > low else 1.0
                 spread = f"\n± {sd:.3f}" if len(runs) > 1 else ""
+                if len(runs) < len(data["meta"]["seeds"]):
+                    spread += f" ({len(runs)} seeds)"
                 axes.text(
                     j,
                     i,
