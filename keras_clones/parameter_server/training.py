@@ -67,20 +67,11 @@ class AsyncTraining:
             with tf.control_dependencies([read_at]):
                 return read_at, self.work.on_worker(iterator)
 
-        result = self._strategy.run(compute, args=(iterator,))
-        # A function's outputs cannot hold None (no sample weights, no
-        # gradient): send the rest, and where they go.
-        flat = tf.nest.flatten(result)
-        self._result_structure = result
-        self._present = [value is not None for value in flat]
-        return [value for value in flat if value is not None]
+        self._result = _OneTensor(self._strategy.run(compute, args=(iterator,)))
+        return self._result.packed
 
-    def _unpacked(self, values):
-        values = iter(values)
-        flat = [next(values) if present else None for present in self._present]
-        return tf.nest.pack_sequence_as(self._result_structure, flat)
-
-    def _on_coordinator_fn(self, read_at, result):
+    def _on_coordinator_fn(self, packed):
+        read_at, result = self._result.unpack(packed)
         staleness = tf.cast(self._applied.read_value() - read_at, "float32")
         # Outside the strategy's scope: Keras's `apply` merges in the default
         # replica context, and the update runs where each variable lives.
@@ -118,13 +109,52 @@ class AsyncTraining:
                 )
                 scheduled += 1
             callbacks.on_train_batch_begin(call * per_call)
-            read_at, result = self._unpacked(pending.popleft().get())
-            logs = self._on_coordinator(read_at, result)
+            logs = self._on_coordinator(pending.popleft().get())
             callbacks.on_train_batch_end((call + 1) * per_call - 1, logs)
             if self.model.stop_training:
                 break
         self._coordinator.join()
         return logs
+
+
+class _OneTensor:
+    """A worker's result as one string tensor, its values serialised: the
+    coordinator fetches it in one round trip, not one per value (at a
+    communication period of 16, a third of the time per step).
+
+    Made where the result is traced, on the worker; `unpack` gives the
+    result back where the coordinator's function is traced. None (no
+    sample weights, a missing gradient) is not sent; composite tensors
+    (`IndexedSlices`) are sent as their parts.
+    """
+
+    def __init__(self, result):
+        self._structure = result
+        flat = tf.nest.flatten(result, expand_composites=True)
+        self._specs = [
+            None if value is None else tf.TensorSpec.from_tensor(value)
+            for value in flat
+        ]
+        self.packed = tf.stack(
+            [tf.io.serialize_tensor(v) for v in flat if v is not None]
+        )
+
+    def unpack(self, packed):
+        sent = [spec for spec in self._specs if spec is not None]
+        values = iter(tf.unstack(packed, num=len(sent)))
+        flat = [
+            None if spec is None else _parsed(next(values), spec)
+            for spec in self._specs
+        ]
+        return tf.nest.pack_sequence_as(
+            self._structure, flat, expand_composites=True
+        )
+
+
+def _parsed(serialized, spec):
+    value = tf.io.parse_tensor(serialized, spec.dtype)
+    value.set_shape(spec.shape)
+    return value
 
 
 class _Max(keras.metrics.Metric):
