@@ -147,6 +147,44 @@ class _StateUpdate:
             v.assign(before + delta)
 
 
+class _StatelessValues(_StateUpdate):
+    """The values a stateless step reads instead of the model's variables
+    (`CloneModel.stateless_compute_gradients`): each clone runs in a
+    `keras.StatelessScope` on them. As in `_StateUpdate`, each clone starts
+    from the same float state and its update is kept as a slice-weighted
+    delta; other state (a seed generator's) runs on from clone to clone.
+    After `apply()`, `non_trainable_values` holds the new state."""
+
+    def __init__(self, model, trainable_values, non_trainable_values):
+        self.trainable = list(zip(model.trainable_variables, trainable_values))
+        self.trainable_values = list(trainable_values)
+        self.non_trainable = model.non_trainable_variables
+        self.non_trainable_values = list(non_trainable_values)
+        position = {id(v): k for k, v in enumerate(self.non_trainable)}
+        self.positions = [position[id(v)] for v in model._state_variables()]
+        self.before = [self.non_trainable_values[k] for k in self.positions]
+        self.deltas = [tf.zeros_like(b) for b in self.before]
+
+    def scope(self):
+        """Where a clone reads the values."""
+        return keras.StatelessScope(
+            self.trainable
+            + list(zip(self.non_trainable, self.non_trainable_values))
+        )
+
+    def keep_clone_update(self, share, scope):
+        values = self.non_trainable_values
+        for k, variable in enumerate(self.non_trainable):
+            values[k] = scope.get_current_value(variable)
+        for j, k in enumerate(self.positions):
+            self.deltas[j] += (values[k] - self.before[j]) * share
+            values[k] = self.before[j]
+
+    def apply(self):
+        for j, k in enumerate(self.positions):
+            self.non_trainable_values[k] = self.before[j] + self.deltas[j]
+
+
 class _ClonesRun(typing.NamedTuple):
     """What running the clones gives (`CloneModel._run_clones`)."""
 
@@ -550,8 +588,39 @@ class CloneModel(keras.Model):
         `apply_computed_gradients`: the gradients summed over clones, and
         what the logs need.
         """
+        return self._computed_gradients(data)
+
+    def stateless_compute_gradients(
+        self, trainable_variables, non_trainable_variables, data
+    ):
+        """`compute_gradients` on values of the variables, as Keras's
+        `stateless_call`: a worker's own copy of the model (an
+        `AGNOptimizer`'s local steps under parameter-server training).
+        Nothing is assigned.
+
+        Args:
+            trainable_variables: Tensors, in the order of
+                `model.trainable_variables`.
+            non_trainable_variables: Tensors, in the order of
+                `model.non_trainable_variables`.
+            data: A batch, as `train_step` takes it.
+
+        Returns:
+            `(computed, non_trainable_variables)`: the dict of
+            `compute_gradients` (gradients with respect to
+            `trainable_variables`), and the new values of the non-trainable
+            variables (the state the clones' forward passes moved, as
+            `train_step` moves it).
+        """
+        values = _StatelessValues(
+            self, trainable_variables, non_trainable_variables
+        )
+        computed = self._computed_gradients(data, values)
+        return computed, values.non_trainable_values
+
+    def _computed_gradients(self, data, values=None):
         (_, y, sample_weight), batch_size, clones = self._split(data)
-        run = self._run_clones(clones, training=True)
+        run = self._run_clones(clones, training=True, values=values)
         with tf.device(self._deployment.optimizer_device()):
             grads = self._combine(run)
             run.state.apply()
@@ -610,28 +679,34 @@ class CloneModel(keras.Model):
         with tf.device(self._deployment.inputs_device()):
             return _merge_outputs(y_preds, [c.size for c in clones])
 
-    def _run_clones(self, clones, training):
+    def _run_clones(self, clones, training, values=None):
         """Phase 2: every clone's forward pass and loss on its slice, under
         its device and name scope, and in training its gradients.
 
-        In training, clones read their copies of replicated variables, and
-        each clone starts from the same float state: what it assigns is
-        undone and kept as a slice-weighted delta (`_StateUpdate`), so that
-        the state moves once per step.
+        In training, clones read their copies of replicated variables, or
+        the given `values` (`_StatelessValues`), and each clone starts from
+        the same float state: what it assigns is undone and kept as a
+        slice-weighted delta (`_StateUpdate`), so that the state moves once
+        per step.
         """
         reduction = _loss_reduction(self.loss)  # Refuses what cannot split.
         replicas = self._replicas if training else None
         if replicas is not None:
             replicas.sync_if_stale()
-        state = _StateUpdate(self._state_variables() if training else [])
+        state = values or _StateUpdate(
+            self._state_variables() if training else []
+        )
         run = _ClonesRun([], [], [], [], [], state)
         for i, clone in enumerate(clones):
-            copies = None if replicas is None else replicas.scope(i)
+            reads, sources = self._clone_reads(i, replicas, values)
             tape = tf.GradientTape() if training else contextlib.nullcontext()
             with self._clone_scope(i):
                 with tape:
-                    # Reads clone i's copies, where the tape sees them.
-                    with copies or contextlib.nullcontext():
+                    if values is not None:
+                        tape.watch(sources)
+                    # Reads clone i's copies or values, where the tape sees
+                    # them.
+                    with reads or contextlib.nullcontext():
                         y_pred, loss = self._forward(i, clone, training)
                         contribution = self._weighted_loss(
                             loss, clone, reduction
@@ -640,18 +715,22 @@ class CloneModel(keras.Model):
                     if training and self.optimizer is not None:
                         scaled = self.optimizer.scale_loss(contribution)
                 if training:
-                    variables = (
-                        self.trainable_variables
-                        if copies is None
-                        else replicas.variables[i]
-                    )
-                    run.grads.append(tape.gradient(scaled, variables))
-                    state.keep_clone_update(clone.share, copies)
+                    run.grads.append(tape.gradient(scaled, sources))
+                    state.keep_clone_update(clone.share, reads)
             run.contributions.append(contribution)
             run.losses.append(loss)
             run.sizes.append(clone.size)
             run.y_preds.append(y_pred)
         return run
+
+    def _clone_reads(self, i, replicas, values):
+        """Where clone i reads the weights (a scope, or None for the
+        model's variables), and what its gradients are taken against."""
+        if values is not None:
+            return values.scope(), values.trainable_values
+        if replicas is not None:
+            return replicas.scope(i), replicas.variables[i]
+        return None, self.trainable_variables
 
     def _forward(self, i, clone, training):
         """Clone i's predictions and loss (as Keras computes it) on its

@@ -71,13 +71,16 @@ def test_evaluate_predict_and_load_on_the_coordinator_match_plain(
 
 
 @pytest.mark.parametrize(
-    "case", ["contrib_adam", "hermans_sgd", "diloco_adamw"]
+    "case",
+    ["contrib_adam", "hermans_sgd", "diloco_adamw", "two_clones_batch_norm"],
 )
 def test_agn_on_one_worker_trains_as_agn_optimizer_in_one_process(
     scenario, case
 ):
     # Three rules, and inner optimizers whose state the worker keeps
-    # across periods (Adam, Nesterov momentum, AdamW's weight decay).
+    # across periods (Adam, Nesterov momentum, AdamW's weight decay); two
+    # clones splitting each local step's batch, moving BatchNormalization's
+    # statistics by their shares.
     result = scenario("agn_one_worker")[case]
     assert result["weights"] < 1e-5
     assert result["logs"] < 1e-5
@@ -156,7 +159,6 @@ def test_inf_nan_check_skips_a_step_as_in_one_process(scenario):
         ("agn_clipnorm", "cannot take `clipnorm` yet"),
         ("agn_schedule", "constant learning rate"),
         ("agn_amsgrad", "`amsgrad=True`"),
-        ("agn_clones", "not split the batch across clones.*num_clones=2"),
         ("agn_loss_scaled", "wrapped in a LossScaleOptimizer"),
         ("agn_fine", "^no error$"),
         ("matching_deployment", "^no error$"),

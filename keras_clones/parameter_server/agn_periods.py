@@ -12,10 +12,8 @@ predictions for the logs. The coordinator applies the commit with
 through the model's step hooks.
 """
 
-import keras
 import tensorflow as tf
 
-from keras_clones import _keras_internals as internals
 from keras_clones.parameter_server import inner_steps
 from keras_clones.step_hooks import Step
 
@@ -59,29 +57,16 @@ class AGNPeriods:
         total = None
         steps = []
         for _ in range(self.steps):
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
-                next(iterator)
+            step, states = model.stateless_compute_gradients(
+                weights, states, next(iterator)
             )
-            grads, loss, y_pred, states = self._gradients(
-                weights, states, x, y, sample_weight
-            )
+            grads = step.pop("grads")  # The rest goes to the logs.
             if self.optimizer.commit == "gradients":
                 total = _added(total, grads, weights)
             weights, inner = self._rule.step(
                 self._variables, weights, grads, inner
             )
-            batch_size = tf.shape(tf.nest.flatten(x)[0])[0]
-            steps.append(
-                {
-                    "y": y,
-                    "y_pred": y_pred,
-                    "sample_weight": sample_weight,
-                    "batch_size": batch_size,
-                    "clone_contributions": [loss],
-                    "clone_losses": [loss],
-                    "clone_sizes": [batch_size],
-                }
-            )
+            steps.append(step)
         commit = self._commit(total, pulled, weights)
         writes = [s.assign(v) for s, v in zip(self._state, inner)]
         writes += [
@@ -91,33 +76,6 @@ class AGNPeriods:
         with tf.control_dependencies(writes):
             commit = [tf.identity(c) for c in commit]
         return {"commit": commit, "steps": steps}
-
-    def _gradients(self, weights, states, x, y, sample_weight):
-        """One batch's gradients at `weights`, and the float state
-        (`states`) the forward pass moved, on tensors."""
-        model = self.model
-        mapping = list(zip(self._variables, weights))
-        mapping += list(zip(model.non_trainable_variables, states))
-        with tf.GradientTape() as tape:
-            tape.watch(weights)
-            with keras.StatelessScope(state_mapping=mapping) as scope:
-                if internals.call_has_training_arg(model):
-                    y_pred = model(x, training=True)
-                else:
-                    y_pred = model(x)
-                loss = internals.compute_loss(
-                    model,
-                    x=x,
-                    y=y,
-                    y_pred=y_pred,
-                    sample_weight=sample_weight,
-                    training=True,
-                )
-        grads = tape.gradient(loss, weights)
-        states = [
-            scope.get_current_value(v) for v in model.non_trainable_variables
-        ]
-        return grads, loss, y_pred, states
 
     def _commit(self, gradient_sums, pulled, weights):
         """The commit of the optimizer's rule, in its communication dtype."""

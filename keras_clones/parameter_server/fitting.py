@@ -157,13 +157,6 @@ def _check_agn(model, steps, callbacks):
             f"of `communication_period`. Received: steps_per_epoch={steps}, "
             f"communication_period={period}."
         )
-    if model.deployment.num_clones > 1:
-        raise ValueError(
-            "Under ParameterServerStrategy, an AGNOptimizer's local steps do "
-            "not split the batch across clones yet. Use one clone per "
-            "worker (`DeploymentConfig()`), or a plain optimizer. Received: "
-            f"num_clones={model.deployment.num_clones}."
-        )
     inner_steps.rule_for(optimizer.inner_optimizer)  # Refuses what it lacks.
 
 
