@@ -88,6 +88,12 @@ def assert_compiled(model, method_name):
     model._assert_compile_called(method_name)
 
 
+def should_evaluate(model, epoch, validation_freq):
+    """Whether `fit` validates after `epoch` (0-based), as Keras decides;
+    Keras's own error for a `validation_freq` that is not an int or list."""
+    return model._should_eval(epoch, validation_freq)
+
+
 def initial_epoch(model):
     """The epoch `fit` resumes from, as `BackupAndRestore` set it, or None."""
     return model._initial_epoch

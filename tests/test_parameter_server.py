@@ -49,7 +49,8 @@ def scenario(tmp_path_factory):
 )
 def test_one_worker_trains_as_a_plain_model_in_one_process(scenario, case):
     # SGD with momentum and Adam (stateful, serialised on the coordinator),
-    # a subclassed model built lazily in fit, and two clones in the worker.
+    # a subclassed model built lazily in fit, and two clones in the worker;
+    # the logs include `validation_data`'s, evaluated on the coordinator.
     result = scenario("one_worker")[case]
     assert result["weights"] < 1e-5
     assert result["logs"] < 1e-5
@@ -146,7 +147,8 @@ def test_inf_nan_check_skips_a_step_as_in_one_process(scenario):
         ("arrays", "TypeError: .*takes a `tf.data.Dataset`.*x of type ndarray"),
         ("y", "ValueError: .*does not take `y`.*y of type ndarray"),
         ("no_steps", "ValueError: .*needs `steps_per_epoch`"),
-        ("validation", "ValueError: .*`validation_data`: call `evaluate`"),
+        ("validation_split", "ValueError: .*`validation_split`: pass the"),
+        ("validation_freq", "ValueError: .*validation_freq.*to be a list or"),
         ("num_ps_tasks", "num_ps_tasks=3 \\(the cluster has 1 parameter"),
         ("num_replicas", "num_replicas=5 \\(the cluster has 2 workers\\)"),
         ("replica_id", "`replica_id` means nothing.*replica_id=1"),

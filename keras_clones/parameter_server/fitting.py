@@ -31,8 +31,11 @@ _REFUSED = {
     ),
     "batch_size": (None, "batch the dataset"),
     "class_weight": (None, "weight the samples in the dataset"),
-    "validation_split": (0.0, "call `evaluate` after `fit`"),
-    "validation_data": (None, "call `evaluate` after `fit`"),
+    "validation_split": (
+        0.0,
+        "pass the held-out data as `validation_data` (a dataset, or arrays "
+        "the coordinator evaluates on)",
+    ),
 }
 
 
@@ -81,6 +84,8 @@ def fit(model, fit_method, args, kwargs):
             callbacks.on_epoch_begin(epoch)
             logs = training.run_epoch(steps, callbacks)
             epoch_logs = {name: float(value) for name, value in logs.items()}
+            if _validates(model, epoch, arguments):
+                epoch_logs.update(_validation_logs(model, arguments, callbacks))
             callbacks.on_epoch_end(epoch, epoch_logs)
             if model.stop_training:
                 break
@@ -92,6 +97,30 @@ def fit(model, fit_method, args, kwargs):
         model.optimizer.finalize_variable_values(model.trainable_weights)
     callbacks.on_train_end(logs=epoch_logs)
     return model.history
+
+
+def _validates(model, epoch, arguments):
+    return arguments["validation_data"] is not None and (
+        internals.should_evaluate(model, epoch, arguments["validation_freq"])
+    )
+
+
+def _validation_logs(model, arguments, callbacks):
+    """Keras's validation at the end of an epoch: `evaluate` on the
+    coordinator, its logs named `val_...`."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
+        arguments["validation_data"]
+    )
+    logs = model.evaluate(
+        x=x,
+        y=y,
+        sample_weight=sample_weight,
+        batch_size=arguments["validation_batch_size"],
+        steps=arguments["validation_steps"],
+        callbacks=callbacks,
+        return_dict=True,
+    )
+    return {f"val_{name}": value for name, value in logs.items()}
 
 
 def check_arguments(model, arguments):
@@ -112,6 +141,9 @@ def check_arguments(model, arguments):
                 f"`{name}`: {instead}. Received: {name} of type "
                 f"{type(arguments[name]).__name__}."
             )
+    if arguments["validation_data"] is not None:
+        # Keras's own error for a bad `validation_freq`, before training.
+        internals.should_evaluate(model, 0, arguments["validation_freq"])
     steps = arguments["steps_per_epoch"]
     if steps is None:
         raise ValueError(

@@ -97,14 +97,23 @@ def compare(strategy, make, reference, optimizer):
     )
     start_weights = []
     history = model.fit(
-        dataset(), epochs=EPOCHS, steps_per_epoch=STEPS, callbacks=[start]
+        dataset(),
+        epochs=EPOCHS,
+        steps_per_epoch=STEPS,
+        callbacks=[start],
+        validation_data=dataset(),
     )
     plain = reference()
     plain.compile(optimizer(), "mse", metrics=["mae"])
     plain(data()[0][:1])
     plain.set_weights(start_weights)
     expected = plain.fit(
-        *data(), batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0
+        *data(),
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        validation_data=data(),
     )
     path = os.path.join(os.environ["OUT"], "model.keras")
     model.save(path)
@@ -125,7 +134,7 @@ def compare(strategy, make, reference, optimizer):
         "weights": max_difference(model.get_weights(), plain.get_weights()),
         "logs": max(
             abs(a - b)
-            for name in ("loss", "mae")
+            for name in ("loss", "mae", "val_loss", "val_mae")
             for a, b in zip(history.history[name], expected.history[name])
         ),
         "iterations": int(model.optimizer.iterations.numpy()),
@@ -453,7 +462,10 @@ def refusals(strategy):
         "arrays": refusal(fit(data()[0], y=data()[1])),
         "y": refusal(fit(y=data()[1])),
         "no_steps": refusal(fit(steps_per_epoch=None)),
-        "validation": refusal(fit(validation_data=dataset())),
+        "validation_split": refusal(fit(validation_split=0.5)),
+        "validation_freq": refusal(
+            fit(validation_data=dataset(), validation_freq="often")
+        ),
         "num_ps_tasks": refusal(with_deployment(num_ps_tasks=3)),
         "num_replicas": refusal(
             with_deployment(num_replicas=5, num_ps_tasks=1)
