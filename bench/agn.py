@@ -46,9 +46,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from harness import positive_int  # noqa: E402
-from harness import summary  # noqa: E402
+from flags import positive_int  # noqa: E402
 from harness import timed_epoch  # noqa: E402
+from ratios import met  # noqa: E402
+from ratios import summary  # noqa: E402
 
 from keras_clones import AGNOptimizer  # noqa: E402
 
@@ -194,13 +195,12 @@ def throughput_table(results, args):
     ]:
         best, median = summary(results[name]["steps_per_s"])
         ratios = (best / best_bare, median / median_bare)
-        goal, met = "-", "-"
+        goal, met_text = "-", "-"
         if name == agn_name(GOAL_PERIOD):
-            goal = f">= {GOAL}"
-            met = " / ".join("yes" if r >= GOAL else "NO" for r in ratios)
+            goal, met_text = f">= {GOAL}", met(ratios, GOAL)
         lines.append(
             f"| {name} / {BARE} | {ratios[0]:.2f} | "
-            f"{ratios[1]:.2f} | {goal} | {met} |"
+            f"{ratios[1]:.2f} | {goal} | {met_text} |"
         )
     return "\n".join(lines) + "\n"
 

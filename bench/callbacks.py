@@ -62,9 +62,10 @@ from agn import make_dataset  # noqa: E402
 from agn import mlp  # noqa: E402
 from clones import DEVICES  # noqa: E402
 from clones import split_cpu  # noqa: E402
+from flags import positive_int  # noqa: E402
 from harness import fit_epoch  # noqa: E402
-from harness import positive_int  # noqa: E402
-from harness import summary  # noqa: E402
+from ratios import met  # noqa: E402
+from ratios import summary  # noqa: E402
 
 from keras_clones import AGNOptimizer  # noqa: E402
 from keras_clones import CloneModel  # noqa: E402
@@ -187,10 +188,10 @@ def format_tables(results, args):
         # The two sides of a pair run back to back in every round.
         per_round = statistics.median(a / b for a, b in zip(steps_1, steps_0))
         added_ms = 1000 / median_1 - 1000 / median_0
-        met = " / ".join("yes" if r >= GOAL else "NO" for r in ratios)
         lines.append(
             f"| {with_check} / {without} | {ratios[0]:.2f} | {ratios[1]:.2f} "
-            f"| {per_round:.2f} | {added_ms:+.3f} | >= {GOAL} | {met} |"
+            f"| {per_round:.2f} | {added_ms:+.3f} | >= {GOAL} "
+            f"| {met(ratios, GOAL)} |"
         )
     return "\n".join(lines) + "\n"
 

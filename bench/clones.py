@@ -56,9 +56,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from harness import positive_int  # noqa: E402
-from harness import summary  # noqa: E402
+from flags import positive_int  # noqa: E402
 from harness import timed_epoch  # noqa: E402
+from ratios import met  # noqa: E402
+from ratios import summary  # noqa: E402
 
 SEED = 0
 NUM_CLASSES = 10
@@ -342,11 +343,10 @@ def ratio_row(results, numerator, denominator, goal):
     best_n, median_n = summary(results[numerator]["samples_per_s"])
     best_d, median_d = summary(results[denominator]["samples_per_s"])
     ratios = (best_n / best_d, median_n / median_d)
-    met = "-"
-    if goal is not None:
-        met = " / ".join("yes" if r >= goal else "NO" for r in ratios)
+    met_text = "-" if goal is None else met(ratios, goal)
     return (
-        f"| {name} | {ratios[0]:.2f} | {ratios[1]:.2f} | {goal_text} | {met} |"
+        f"| {name} | {ratios[0]:.2f} | {ratios[1]:.2f} | {goal_text} "
+        f"| {met_text} |"
     )
 
 

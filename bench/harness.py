@@ -1,7 +1,5 @@
-"""What the benchmarks in this folder share: epoch timing, count flags."""
+"""Epoch timing of the benchmarks that train in this process."""
 
-import argparse
-import statistics
 import time
 
 import keras
@@ -59,15 +57,3 @@ def timed_epoch(model, dataset, steps):
     """Trains one epoch of `steps` steps; returns its seconds and loss."""
     timer = fit_epoch(model, dataset, steps)
     return timer.seconds, timer.loss
-
-
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def summary(values):
-    """Best-of and median: what every benchmark here reports."""
-    return max(values), statistics.median(values)

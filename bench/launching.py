@@ -1,12 +1,13 @@
-"""Launching a benchmark's workers, for a driver that imports no Keras.
+"""Running a benchmark's workers, for a driver that imports no Keras.
 
-The multi-worker benchmarks run themselves as the workers of a
-`keras_clones.launch`; their driver (the process a user starts) only starts
-the launch and reads its output, without importing TensorFlow.
+The multi-worker benchmarks run themselves as their workers: a process of
+its own, or the workers of a `keras_clones.launch`. Their driver (the
+process a user starts) only starts the processes and reads their output,
+without importing TensorFlow.
 """
 
-import argparse
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -24,33 +25,26 @@ def launch_script():
     return os.path.join(package.submodule_search_locations[0], "launch.py")
 
 
-def positive_int(text):
-    """An argparse type: an integer >= 1 (as `harness.positive_int`, which
-    imports Keras)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def tf_keras_installed():
+    """Whether `tf_keras` (Keras 2, the anchor of the multi-worker
+    benchmarks) is installed, found without importing it."""
+    return importlib.util.find_spec("tf_keras") is not None
 
 
-def run_launch(workers, arguments, timeout, env=None, on_line=None):
-    """Runs `launch.py --workers N --grace-period 10 ARGUMENTS...` in a
-    session of its own, so that a stuck launch and its workers are stopped
-    together after `timeout` seconds.
+def run_process(command, timeout, env=None, on_line=None):
+    """Runs `command` in a session of its own, so that a stuck process and
+    its children are stopped together after `timeout` seconds.
 
     Args:
-        workers: The number of workers.
-        arguments: The script and its arguments, as strings.
-        timeout: Seconds before the launch is stopped.
+        command: The program and its arguments, as strings.
+        timeout: Seconds before the process is stopped.
         env: The environment (default: this process's, unbuffered).
         on_line: Called with each line of output as it comes.
 
     Returns:
         The exit status and the lines of output (a last line says when the
-        launch was stopped).
+        process was stopped).
     """
-    command = [sys.executable, launch_script(), "--workers", str(workers)]
-    command += ["--grace-period", "10", *arguments]
     env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     process = subprocess.Popen(
         command,
@@ -82,3 +76,41 @@ def run_launch(workers, arguments, timeout, env=None, on_line=None):
     if stopped:
         lines.append(f"(stopped after {timeout} s)")
     return process.returncode, lines
+
+
+def run_launch(workers, arguments, timeout, env=None, on_line=None):
+    """Runs `launch.py --workers N --grace-period 10 ARGUMENTS...` as
+    `run_process` runs a command: stopped with its workers after `timeout`
+    seconds.
+
+    Args:
+        workers: The number of workers.
+        arguments: The script and its arguments, as strings.
+        timeout, env, on_line: As for `run_process`.
+
+    Returns:
+        As `run_process`: the exit status and the lines of output.
+    """
+    command = [sys.executable, launch_script(), "--workers", str(workers)]
+    command += ["--grace-period", "10", *arguments]
+    return run_process(command, timeout, env=env, on_line=on_line)
+
+
+def printed_result(lines, prefix):
+    """The JSON object on the first of `lines` that starts with `prefix`
+    (where a worker prints its result), or None."""
+    for line in lines:
+        if line.startswith(prefix):
+            return json.loads(line[len(prefix) :])
+    return None
+
+
+def print_failure(name, status, lines):
+    """Prints a note that the run of `name` failed with exit status
+    `status`, and the last 40 of its lines of output `lines`."""
+    tail = "\n".join(lines[-40:])
+    print(
+        f"Note: {name} failed (exit status {status}); the last "
+        f"lines of its output:\n{tail}\n",
+        flush=True,
+    )

@@ -85,7 +85,6 @@ Usage:
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -93,19 +92,16 @@ import sys
 import time
 
 import launching
-from launching import positive_int
+import synthetic_mlp
+from flags import positive_int
+from ratios import ratio_table
+from ratios import summary
 
 WORKER_FLAG = "--worker"
 RESULT = "RESULT "
 
-SEED = 0
-NUM_FEATURES = 64
-HIDDEN = 256
-NUM_CLASSES = 2
 GLOBAL_BATCH = 256
 NUM_BATCHES = 16  # Distinct global batches in the synthetic data set.
-LEARNING_RATE = 0.01
-MOMENTUM = 0.9
 STEPS = 200  # Steps per epoch; a multiple of every AGN period.
 EPOCHS = 4  # The first one is not timed.
 REPEATS = 5
@@ -191,7 +187,6 @@ def worker_main(argv):
     if args.worker == "tf_keras":
         # Keras 2: tf.keras is tf_keras; keras_clones is not imported.
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    import numpy as np
     import tensorflow as tf
 
     # Before any other TensorFlow op: collectives are set up at startup.
@@ -203,39 +198,17 @@ def worker_main(argv):
 
         import keras_clones
 
-    rng = np.random.default_rng(SEED)
-    x = rng.standard_normal(
-        (GLOBAL_BATCH * NUM_BATCHES, NUM_FEATURES), dtype=np.float32
+    dataset = synthetic_mlp.dataset(
+        GLOBAL_BATCH * NUM_BATCHES, GLOBAL_BATCH, shard_by_data=True
     )
-    w = rng.standard_normal((NUM_FEATURES, NUM_CLASSES), dtype=np.float32)
-    y = np.argmax(x @ w, axis=1).astype(np.int32)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y))
-    dataset = dataset.batch(GLOBAL_BATCH, drop_remainder=True)
-    dataset = dataset.cache().repeat().prefetch(tf.data.AUTOTUNE)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.DATA
-    )
-    dataset = dataset.with_options(options)
-
     with strategy.scope():
-        keras.utils.set_random_seed(SEED)
-        layers = [
-            keras.layers.Dense(HIDDEN, activation="relu"),
-            keras.layers.Dense(HIDDEN, activation="relu"),
-            keras.layers.Dense(NUM_CLASSES, activation="softmax"),
-        ]
-        optimizer = keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
         if args.worker == "tf_keras":
-            model = keras.Sequential([keras.Input((NUM_FEATURES,)), *layers])
+            model = synthetic_mlp.mlp(keras)
         else:
-            if args.period:
-                optimizer = keras_clones.AGNOptimizer(optimizer, args.period)
-            inputs = keras.Input((NUM_FEATURES,))
-            outputs = inputs
-            for layer in layers:
-                outputs = layer(outputs)
-            model = keras_clones.CloneModel(inputs, outputs)
+            model = synthetic_mlp.mlp(keras, keras_clones.CloneModel)
+        optimizer = synthetic_mlp.sgd(keras)
+        if args.period:  # Only keras_clones variants have one.
+            optimizer = keras_clones.AGNOptimizer(optimizer, args.period)
         model.compile(
             optimizer,
             "sparse_categorical_crossentropy",
@@ -439,23 +412,12 @@ def run_variant(name, args):
     start = time.perf_counter()
     status, lines = launching.run_launch(workers, arguments, TIMEOUT)
     wall = time.perf_counter() - start
-    prefix = "[worker 0] " + RESULT
-    for line in lines:
-        if line.startswith(prefix):
-            result = json.loads(line[len(prefix) :])
-            result["wall_s"] = wall
-            return result
-    tail = "\n".join(lines[-40:])
-    print(
-        f"Note: {name} failed (exit status {status}); the last "
-        f"lines of its output:\n{tail}\n",
-        flush=True,
-    )
-    return None
-
-
-def tf_keras_installed():
-    return importlib.util.find_spec("tf_keras") is not None
+    result = launching.printed_result(lines, "[worker 0] " + RESULT)
+    if result is None:
+        launching.print_failure(name, status, lines)
+    else:
+        result["wall_s"] = wall
+    return result
 
 
 def measure(names, args):
@@ -476,10 +438,6 @@ def measure(names, args):
     return results
 
 
-def summary(values):
-    return max(values), statistics.median(values)
-
-
 def throughput_table(results, args):
     timed = (args.epochs - 1) * args.steps
     runs = f"{args.epochs} epochs of {args.steps} steps per run (the last "
@@ -491,9 +449,8 @@ def throughput_table(results, args):
             "each from its second execution on)"
         )
     lines = [
-        f"MLP {NUM_FEATURES}-{HIDDEN}-{HIDDEN}-{NUM_CLASSES}, global batch "
-        f"{GLOBAL_BATCH}, {runs}, {args.repeats} "
-        f"repeat{'s' if args.repeats > 1 else ''}.",
+        f"{synthetic_mlp.NAME}, global batch {GLOBAL_BATCH}, {runs}, "
+        f"{args.repeats} repeat{'s' if args.repeats > 1 else ''}.",
         "",
         "| variant | best steps/s | median steps/s | best ms/step "
         "| median step ms | last loss | runs |",
@@ -508,42 +465,6 @@ def throughput_table(results, args):
         lines.append(
             f"| {name} | {best:,.1f} | {median:,.1f} | {1000 / best:.2f} "
             f"| {step_ms:.2f} | {runs[-1]['loss']:.4f} | {len(runs)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def ratio_table(results, ratios=RATIOS):
-    """Ratios of best-of, of median, and the median of each repeat's ratio
-    (which cancels slow drifts of the machine's load)."""
-    lines = [
-        "| ratio | best-of | median | per-repeat median | goal "
-        "| met (best / median / per-repeat) |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for numerator, denominator, goal in ratios:
-        label = f"{numerator} / {denominator}"
-        top, bottom = results.get(numerator), results.get(denominator)
-        if not top or not bottom:
-            missing = numerator if not top else denominator
-            why = "not run" if missing not in results else "failed"
-            lines.append(f"| {label} | n/a | n/a | n/a | - | {missing} {why} |")
-            continue
-        by_repeat = {r["repeat"]: r["steps_per_s"] for r in bottom}
-        paired = statistics.median(
-            r["steps_per_s"] / by_repeat[r["repeat"]]
-            for r in top
-            if r["repeat"] in by_repeat
-        )
-        top = summary([r["steps_per_s"] for r in top])
-        bottom = summary([r["steps_per_s"] for r in bottom])
-        ratios = (top[0] / bottom[0], top[1] / bottom[1], paired)
-        goal_text, met = "-", "-"
-        if goal is not None:
-            goal_text = f">= {goal:g}"
-            met = " / ".join("yes" if r >= goal else "NO" for r in ratios)
-        lines.append(
-            f"| {label} | {ratios[0]:.2f} | {ratios[1]:.2f} "
-            f"| {ratios[2]:.2f} | {goal_text} | {met} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -617,7 +538,7 @@ def main():
     args = parse_args()
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPU cores.")
     names = list(EVALUATE_VARIANTS if args.evaluate else VARIANTS)
-    if not tf_keras_installed() and not args.evaluate:
+    if not launching.tf_keras_installed() and not args.evaluate:
         names = [n for n in names if VARIANTS[n][0] != "tf_keras"]
         print(
             f"Note: tf-keras is not installed for {sys.executable}: the "
@@ -638,9 +559,9 @@ def main():
     print(f"Wall time {time.perf_counter() - start:.0f} s.\n")
     print(throughput_table(results, args))
     if args.evaluate:
-        print(ratio_table(results, EVALUATE_RATIOS))
+        print(ratio_table(results, EVALUATE_RATIOS, "steps_per_s"))
     else:
-        print(ratio_table(results))
+        print(ratio_table(results, RATIOS, "steps_per_s"))
         print(agn_table(results))
     failed = [name for name, runs in results.items() if len(runs) == 0]
     return 1 if failed else 0
