@@ -645,12 +645,15 @@ class CloneModel(keras.Model):
         applied = self._apply(run, computed["grads"], loss)
         return self._computed_logs(computed, run, loss, applied)
 
-    def log_computed_step(self, computed):
+    def log_computed_step(self, computed, applied=None):
         """The logs of a step computed on a worker (as by
         `compute_gradients`) whose update is applied elsewhere: an
-        `AGNOptimizer`'s local step under parameter-server training."""
+        `AGNOptimizer`'s local step under parameter-server training. With
+        `applied` (a boolean tensor: a guard's verdict), a skipped step is
+        left out of the logs."""
         run = _computed_run(computed)
-        return self._computed_logs(computed, run, tf.add_n(run.contributions))
+        loss = tf.add_n(run.contributions)
+        return self._computed_logs(computed, run, loss, applied)
 
     def _computed_logs(self, computed, run, loss, applied=None):
         data = (None, computed["y"], computed["sample_weight"])

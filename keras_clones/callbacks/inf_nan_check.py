@@ -204,7 +204,9 @@ class InfNanCheck(keras.callbacks.Callback):
     the period; at each commit the workers add up their skips (one scalar
     all-reduce), so `skipped_steps`, `"stop"` and `"raise"` agree on every
     worker; and a commit that is not finite is skipped by every worker (a
-    skipped commit counts as a skipped step).
+    skipped commit counts as a skipped step). Under `ParameterServerStrategy`
+    each worker likewise skips its own non-finite local steps, and the
+    coordinator counts them, stops or raises, and guards each commit.
 
     Args:
         mode: What to do after a non-finite step. `"skip"`: nothing more,

@@ -9,7 +9,10 @@ worker's own inner-optimizer state), and returns the commit of the
 the period if `normalize`, in `communication_dtype`) with each step's
 predictions for the logs. The coordinator applies the commit with
 `AGNOptimizer.apply_commit` (the outer optimizer, one commit at a time),
-through the model's step hooks.
+through the model's step hooks. With a guard in the hooks (`InfNanCheck`),
+a worker keeps its copy as it was after a local step whose loss or
+gradients are not finite, and sends which were; the coordinator shows the
+guard each local step that way, then the commit.
 """
 
 import tensorflow as tf
@@ -35,15 +38,6 @@ class AGNPeriods:
             self._state = self._rule.create_state(self._variables)
 
     def start(self):
-        if self.model.step_hooks.guard is not None:
-            # A guard registered by hand (`InfNanCheck` is refused before
-            # `fit` starts): the workers' local steps would not be guarded.
-            raise ValueError(
-                "Under ParameterServerStrategy, an AGNOptimizer cannot run "
-                "with a step guard yet: it would not guard the workers' "
-                f"local steps. Remove {self.model.step_hooks.guard!r} from "
-                "`model.step_hooks`."
-            )
         self.optimizer.start_centers_from_variables(self._variables)
 
     def on_worker(self, iterator):
@@ -54,18 +48,31 @@ class AGNPeriods:
         # Per-worker variables get no automatic control dependencies: read
         # each once here, write each once at the end.
         inner = [s.read_value() for s in self._state]
-        total = None
+        # The period's gradients, summed, if the rule commits them.
+        total = []
+        if self.optimizer.commit == "gradients":
+            total = [tf.zeros_like(w) for w in weights]
+        guarded = model.step_hooks.guard is not None
         steps = []
         for _ in range(self.steps):
-            step, states = model.stateless_compute_gradients(
+            step, new_states = model.stateless_compute_gradients(
                 weights, states, next(iterator)
             )
             grads = step.pop("grads")  # The rest goes to the logs.
-            if self.optimizer.commit == "gradients":
-                total = _added(total, grads, weights)
-            weights, inner = self._rule.step(
-                self._variables, weights, grads, inner
+            new = (
+                _added(total, grads),
+                *self._rule.step(self._variables, weights, grads, inner),
+                new_states,
             )
+            if guarded:
+                # The guard (InfNanCheck) judges each local step on the
+                # coordinator; a non-finite one changes nothing here, and
+                # still counts toward the period.
+                step["finite"] = _finiteness(step, grads)
+                new = _kept(
+                    step["finite"], new, (total, weights, inner, states)
+                )
+            total, weights, inner, states = new
             steps.append(step)
         commit = self._commit(total, pulled, weights)
         writes = [s.assign(v) for s, v in zip(self._state, inner)]
@@ -98,7 +105,12 @@ class AGNPeriods:
         ]
         logs = {}
         for step in result["steps"]:
-            logs = model.log_computed_step(step)
+            applied = None
+            if "finite" in step:
+                applied = model.step_hooks.guarded(
+                    self._as_checked(step["finite"]), lambda: None
+                )
+            logs = model.log_computed_step(step, applied)
         # The commit is one update of the centers, as a guard sees it.
         model.step_hooks.run(
             Step(commit, self._centers, skip_agreement="none"),
@@ -110,13 +122,38 @@ class AGNPeriods:
         )
         return logs
 
+    def _as_checked(self, finite):
+        """A step whose loss and gradients are finite where a local step's
+        were (`_finiteness`): what the guard checks, and names in its
+        message, without sending the gradients."""
+        values = [tf.where(f, 0.0, float("nan")) for f in tf.unstack(finite)]
+        return Step(values[1:], self._variables, loss=values[0])
 
-def _added(total, grads, weights):
-    """`total + grads`, gradients densified (a missing one is zero)."""
-    grads = [
-        tf.zeros_like(w) if g is None else tf.convert_to_tensor(g)
-        for g, w in zip(grads, weights)
+
+def _added(total, grads):
+    """`total + grads`, gradients densified (a missing one adds nothing)."""
+    return [
+        t if g is None else t + tf.convert_to_tensor(g)
+        for t, g in zip(total, grads)
     ]
-    if total is None:
-        return grads
-    return [t + g for t, g in zip(total, grads)]
+
+
+def _finiteness(step, grads):
+    """Whether a local step's loss, then each gradient, is finite (a
+    missing gradient is), as a guard checks them."""
+    checks = [_all_finite(tf.add_n(step["clone_contributions"]))]
+    for grad in grads:
+        if isinstance(grad, tf.IndexedSlices):
+            grad = grad.values
+        checks.append(tf.constant(True) if grad is None else _all_finite(grad))
+    return tf.stack(checks)
+
+
+def _all_finite(tensor):
+    return tf.reduce_all(tf.math.is_finite(tensor))
+
+
+def _kept(finite, new, old):
+    """`new` where every check in `finite` passed, else `old`."""
+    ok = tf.reduce_all(finite)
+    return tf.nest.map_structure(lambda n, o: tf.where(ok, n, o), new, old)

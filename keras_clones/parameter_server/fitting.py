@@ -14,7 +14,6 @@ import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
 from keras_clones import optimizer_capabilities
-from keras_clones.callbacks import InfNanCheck
 from keras_clones.parameter_server import cluster
 from keras_clones.parameter_server import inner_steps
 from keras_clones.parameter_server.agn_periods import AGNPeriods
@@ -161,20 +160,12 @@ def check_arguments(model, arguments):
     if optimizer_capabilities.takes_local_steps(
         optimizer_capabilities.unwrapped(model.optimizer)
     ):
-        _check_agn(model, steps, arguments["callbacks"])
+        _check_agn(model, steps)
     check_deployment(model.deployment, model.distribute_strategy)
 
 
-def _check_agn(model, steps, callbacks):
+def _check_agn(model, steps):
     optimizer = model.optimizer
-    if any(isinstance(c, InfNanCheck) for c in callbacks or ()):
-        raise ValueError(
-            "Under ParameterServerStrategy, an AGNOptimizer cannot run with "
-            "`keras_clones.callbacks.InfNanCheck` yet: the guard runs on the "
-            "coordinator, and a worker's non-finite local step would poison "
-            "its inner state for every later period. Remove the callback, "
-            "or train with a plain optimizer, whose steps it guards."
-        )
     if optimizer_capabilities.loss_scaled(optimizer):
         raise ValueError(
             "Under ParameterServerStrategy, an AGNOptimizer cannot be "

@@ -383,7 +383,7 @@ def sparse(strategy):
 
 def inf_nan(strategy):
     """InfNanCheck: a nan batch's step is skipped as in one process (a
-    plain optimizer); with AGN, refused for now."""
+    plain optimizer), or by the worker (AGN's local step)."""
     x, y = data()
     y[10] = np.nan  # The second batch of every epoch.
     nan_dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
@@ -409,28 +409,65 @@ def inf_nan(strategy):
         callbacks=[check()],
         verbose=0,
     )
-    with strategy.scope():
-        agn = functional(keras_clones.CloneModel)
-        agn.compile(
-            keras_clones.AGNOptimizer(
-                keras.optimizers.Adam(0.01), communication_period=3
-            ),
-            "mse",
-        )
+    agn, agn_history = fit_agn_on(strategy, nan_dataset, check())
+    # With one worker, inner SGD and its whole change added to the centers
+    # are plain SGD; on the finite batches, since the nan one is skipped.
+    finite = np.ones(len(y), bool)
+    finite[BATCH : 2 * BATCH] = False
+    sgd = functional(keras.Model)
+    sgd.compile(keras.optimizers.SGD(0.05), "mse")
+    sgd_history = sgd.fit(
+        x[finite],
+        y[finite],
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+    )
+    try:  # Last: the raise leaves the epoch's work in flight.
+        fit_agn_on(strategy, nan_dataset, check("raise"))
+        raised = "no error"
+    except RuntimeError as e:
+        raised = str(e)
     return {
         "weights": max_difference(model.get_weights(), plain.get_weights()),
         "skipped": history.history["skipped_steps"],
         "expected_skipped": expected.history["skipped_steps"],
         "finite": bool(all(np.isfinite(w).all() for w in model.get_weights())),
-        "agn": refusal(
-            lambda: agn.fit(
-                nan_dataset,
-                steps_per_epoch=STEPS,
-                callbacks=[check()],
-                verbose=0,
-            )
+        "agn_weights": max_difference(agn.get_weights(), sgd.get_weights()),
+        "agn_logs": max_difference(
+            [agn_history.history["loss"]], [sgd_history.history["loss"]]
         ),
+        "agn_skipped": agn_history.history["skipped_steps"],
+        "agn_rounds": agn_history.history["communication_rounds"],
+        "agn_raised": raised,
     }
+
+
+def fit_agn_on(strategy, dataset, inf_nan_check):
+    """An AGN model (inner SGD, the undivided weight change, outer
+    SGD(1.0)) trained on `dataset` with `inf_nan_check`; it and its
+    history."""
+    with strategy.scope():
+        model = functional(keras_clones.CloneModel)
+        model.compile(
+            keras_clones.AGNOptimizer(
+                keras.optimizers.SGD(0.05),
+                communication_period=3,
+                outer_optimizer=keras.optimizers.SGD(1.0),
+                commit="weight_change",
+                normalize=False,
+            ),
+            "mse",
+        )
+    history = model.fit(
+        dataset,
+        epochs=EPOCHS,
+        steps_per_epoch=STEPS,
+        callbacks=[inf_nan_check],
+        verbose=0,
+    )
+    return model, history
 
 
 def refusal(fit):
