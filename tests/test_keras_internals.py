@@ -130,6 +130,22 @@ def test_assert_compiled_raises_keras_own_error():
     internals.assert_compiled(model, "fit")
 
 
+@pytest.mark.parametrize(
+    "freq, epochs", [(2, [1, 3]), ([1, 3], [0, 2]), (1, [0, 1, 2, 3])]
+)
+def test_should_evaluate_follows_validation_freq_as_keras_fit(freq, epochs):
+    model = compiled_model()
+    validated = [
+        e for e in range(4) if internals.should_evaluate(model, e, freq)
+    ]
+    assert validated == epochs
+
+
+def test_should_evaluate_raises_keras_own_error_for_a_bad_freq():
+    with pytest.raises(ValueError, match="`validation_freq` to be a list"):
+        internals.should_evaluate(compiled_model(), 0, "often")
+
+
 def test_initial_epoch_is_where_backup_and_restore_resumes(tmp_path):
     class InterruptAtEpoch1(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
