@@ -30,9 +30,7 @@ def keras_and_rule(make_optimizer, constraint=None):
     optimizer.build(variables)
     rule = inner_steps.rule_for(optimizer)
     weights = [tf.constant(w, "float32") for w in start]
-    state = [tf.constant(0, "int64")] + [
-        tf.zeros(v.shape) for v in variables for _ in rule.slot_names
-    ]
+    state = rule.initial_state(variables)
     for g in grads:
         optimizer.apply(g, variables)
         weights, state = rule.step(variables, weights, g, state)
@@ -45,10 +43,22 @@ def keras_and_rule(make_optimizer, constraint=None):
         lambda: keras.optimizers.SGD(0.1),
         lambda: keras.optimizers.SGD(0.1, momentum=0.9),
         lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+        lambda: keras.optimizers.RMSprop(0.01),
+        lambda: keras.optimizers.RMSprop(0.01, momentum=0.9, centered=True),
+        lambda: keras.optimizers.Adagrad(0.1),
         lambda: keras.optimizers.Adam(0.01),
         lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
     ],
-    ids=["sgd", "momentum", "nesterov", "adam", "adamw"],
+    ids=[
+        "sgd",
+        "momentum",
+        "nesterov",
+        "rmsprop",
+        "rmsprop_centered_momentum",
+        "adagrad",
+        "adam",
+        "adamw",
+    ],
 )
 def test_rule_on_tensors_matches_keras_optimizer(make_optimizer):
     expected, weights, state = keras_and_rule(make_optimizer)
@@ -70,21 +80,21 @@ def test_rule_applies_the_variables_constraint_as_keras():
     "make_optimizer",
     [
         lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        lambda: keras.optimizers.RMSprop(0.1, momentum=0.5, centered=True),
+        lambda: keras.optimizers.Adagrad(0.1),
         lambda: keras.optimizers.Adam(0.1),
     ],
-    ids=["momentum", "adam"],
+    ids=["momentum", "rmsprop", "adagrad", "adam"],
 )
 def test_sparse_gradients_with_repeated_rows_step_as_keras(make_optimizer):
-    # An Embedding's gradient repeats a row looked up twice; Keras's Adam
-    # squares the rows before summing them.
+    # An Embedding's gradient repeats a row looked up twice; Keras's
+    # RMSprop, Adagrad and Adam square the rows before summing them.
     variable = keras.Variable(np.ones((5, 2), "float32"))
     optimizer = make_optimizer()
     optimizer.build([variable])
     rule = inner_steps.rule_for(optimizer)
     weights = [tf.constant(variable.numpy())]
-    state = [tf.constant(0, "int64")] + [
-        tf.zeros((5, 2)) for _ in rule.slot_names
-    ]
+    state = rule.initial_state([variable])
     for k in range(4):
         values = np.arange(6, dtype="float32").reshape(3, 2) + k
         sparse = tf.IndexedSlices(

@@ -167,7 +167,7 @@ def test_inf_nan_check_skips_agns_local_step_on_the_worker(scenario):
         ("replicated", "`variable_update='replicated'` cannot apply"),
         ("steps_per_execution", "`steps_per_execution` must be 1"),
         ("agn_steps", "multiple of `communication_period`.*=4, .*=3"),
-        ("agn_rmsprop", "SGD, Adam and AdamW only. Received: RMSprop"),
+        ("agn_lion", "Adagrad, Adam and AdamW only. Received: Lion"),
         ("agn_clipnorm", "cannot take `clipnorm` yet"),
         ("agn_schedule", "constant learning rate"),
         ("agn_amsgrad", "`amsgrad=True`"),

@@ -28,19 +28,17 @@ _UNSUPPORTED_OPTIONS = {
 
 
 def rule_for(optimizer):
-    """The inner-step rule of `optimizer` (SGD, Adam or AdamW), or a
-    `ValueError` that says why not."""
+    """The inner-step rule of `optimizer` (SGD, RMSprop, Adagrad, Adam or
+    AdamW), or a `ValueError` that says why not."""
     kind = type(optimizer)
-    if kind is keras.optimizers.SGD:
-        rule = _SGD
-    elif kind in (keras.optimizers.Adam, keras.optimizers.AdamW):
-        rule = _Adam
-    else:
+    rule = _RULES.get(kind)
+    if rule is None:
         raise ValueError(
             "Under ParameterServerStrategy, an AGNOptimizer's inner "
             "optimizer takes its local steps on each worker's own copy of "
-            "the weights, which keras_clones computes for SGD, Adam and "
-            f"AdamW only. Received: {kind.__name__}. Use one of those."
+            "the weights, which keras_clones computes for SGD, RMSprop, "
+            f"Adagrad, Adam and AdamW only. Received: {kind.__name__}. Use "
+            "one of those."
         )
     config = optimizer.get_config()
     for option, default in _UNSUPPORTED_OPTIONS.items():
@@ -73,18 +71,27 @@ class _Rule:
         self.optimizer = optimizer
 
     def create_state(self, variables):
-        """Per-worker variables (call under the strategy's scope): the step
-        count, then each slot of each variable."""
-        state = [tf.Variable(tf.constant(0, "int64"), per_worker_variable=True)]
+        """Per-worker variables (call under the strategy's scope) holding
+        the `initial_state`."""
+        return [
+            tf.Variable(value, per_worker_variable=True)
+            for value in self.initial_state(variables)
+        ]
+
+    def initial_state(self, variables):
+        """The state before the first step (tensors): the step count, then
+        each slot of each variable."""
+        state = [tf.constant(0, "int64")]
         for variable in variables:
-            for _ in self.slot_names:
-                state.append(
-                    tf.Variable(
-                        tf.zeros(variable.shape, variable.dtype),
-                        per_worker_variable=True,
-                    )
-                )
+            state += self.initial_slots(variable)
         return state
+
+    def initial_slots(self, variable):
+        """A variable's slots before the first step, as Keras creates
+        them: zeros."""
+        return [
+            tf.zeros(variable.shape, variable.dtype) for _ in self.slot_names
+        ]
 
     def step(self, variables, weights, grads, state):
         """One update of `weights` (tensors of `variables`) by `grads`;
@@ -144,15 +151,66 @@ class _Adam(_Rule):
         beta_1_power = tf.pow(tf.cast(o.beta_1, w.dtype), t)
         beta_2_power = tf.pow(tf.cast(o.beta_2, w.dtype), t)
         alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
-        if isinstance(g, tf.IndexedSlices):
-            # As Keras's sparse ops compute it: the rows are squared before a
-            # repeated row is summed.
-            squared = tf.convert_to_tensor(
-                tf.IndexedSlices(tf.square(g.values), g.indices, g.dense_shape)
-            )
-            g = tf.convert_to_tensor(g)
-        else:
-            squared = tf.square(g)
+        g, squared = _dense_and_squared(g)
         m = m + (g - m) * (1 - o.beta_1)
         v = v + (squared - v) * (1 - o.beta_2)
         return w - (m * alpha) / (tf.sqrt(v) + o.epsilon), [m, v]
+
+
+class _RMSprop(_Rule):
+    def __init__(self, optimizer):
+        super().__init__(optimizer)
+        self.slot_names = ("velocity",)
+        if optimizer.momentum > 0:
+            self.slot_names += ("momentum",)
+        if optimizer.centered:
+            self.slot_names += ("average_gradient",)
+
+    def update(self, w, g, slots, lr, count):
+        o = self.optimizer
+        g, squared = _dense_and_squared(g)
+        slots = dict(zip(self.slot_names, slots))
+        velocity = o.rho * slots["velocity"] + (1 - o.rho) * squared
+        new = {"velocity": velocity}
+        denominator = velocity + o.epsilon
+        if o.centered:
+            average = o.rho * slots["average_gradient"] + (1 - o.rho) * g
+            new["average_gradient"] = average
+            denominator = velocity - tf.square(average) + o.epsilon
+        increment = (lr * g) / tf.sqrt(denominator)
+        if o.momentum > 0:
+            increment = o.momentum * slots["momentum"] + increment
+            new["momentum"] = increment
+        return w - increment, [new[name] for name in self.slot_names]
+
+
+class _Adagrad(_Rule):
+    slot_names = ("accumulator",)
+
+    def initial_slots(self, variable):
+        value = self.optimizer.initial_accumulator_value
+        return [tf.fill(variable.shape, tf.cast(value, variable.dtype))]
+
+    def update(self, w, g, slots, lr, count):
+        g, squared = _dense_and_squared(g)
+        accumulator = slots[0] + squared
+        step = (lr * g) / tf.sqrt(accumulator + self.optimizer.epsilon)
+        return w - step, [accumulator]
+
+
+def _dense_and_squared(g):
+    """A gradient and its square, dense. As Keras's sparse ops compute it,
+    an `IndexedSlices`' rows are squared before a repeated row is summed."""
+    if not isinstance(g, tf.IndexedSlices):
+        return g, tf.square(g)
+    squared = tf.IndexedSlices(tf.square(g.values), g.indices, g.dense_shape)
+    return tf.convert_to_tensor(g), tf.convert_to_tensor(squared)
+
+
+_RULES = {
+    keras.optimizers.SGD: _SGD,
+    keras.optimizers.RMSprop: _RMSprop,
+    keras.optimizers.Adagrad: _Adagrad,
+    keras.optimizers.Adam: _Adam,
+    keras.optimizers.AdamW: _Adam,
+}

@@ -546,7 +546,7 @@ def refusals(strategy):
     optimizers = keras.optimizers
     results.update(
         agn_steps=refusal(agn(steps_per_epoch=4)),
-        agn_rmsprop=refusal(agn(optimizers.RMSprop)),
+        agn_lion=refusal(agn(optimizers.Lion)),
         agn_clipnorm=refusal(agn(lambda: optimizers.SGD(clipnorm=1.0))),
         agn_schedule=refusal(agn(lambda: optimizers.SGD(schedule))),
         agn_amsgrad=refusal(agn(lambda: optimizers.Adam(amsgrad=True))),
