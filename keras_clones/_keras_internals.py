@@ -153,6 +153,12 @@ def learning_rate_object(optimizer):
     return optimizer._learning_rate
 
 
+def clipped_gradients(optimizer, grads):
+    """`grads` clipped by `optimizer`'s `clipnorm`, `global_clipnorm` or
+    `clipvalue`, as its `apply` clips them (tensors in, tensors out)."""
+    return optimizer._clip_gradients(grads)
+
+
 def uses_weight_decay(optimizer, variable):
     """Whether `optimizer` decays `variable` (its exclusions applied)."""
     return optimizer._use_weight_decay(variable)

@@ -31,9 +31,9 @@ def keras_and_rule(make_optimizer, constraint=None):
     rule = inner_steps.rule_for(optimizer)
     weights = [tf.constant(w, "float32") for w in start]
     state = rule.initial_state(variables)
-    for g in grads:
+    for k, g in enumerate(grads):
         optimizer.apply(g, variables)
-        weights, state = rule.step(variables, weights, g, state)
+        weights, state = rule.step(variables, weights, g, state, k)
     return [v.numpy() for v in variables], [w.numpy() for w in weights], state
 
 
@@ -48,6 +48,14 @@ def keras_and_rule(make_optimizer, constraint=None):
         lambda: keras.optimizers.Adagrad(0.1),
         lambda: keras.optimizers.Adam(0.01),
         lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
+        lambda: keras.optimizers.Adam(0.1, clipnorm=0.5),
+        lambda: keras.optimizers.Adam(0.05, amsgrad=True),
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9, global_clipnorm=0.3),
+        lambda: keras.optimizers.SGD(0.1, clipvalue=0.2),
+        lambda: keras.optimizers.AdamW(
+            keras.optimizers.schedules.ExponentialDecay(0.05, 2, 0.5),
+            weight_decay=0.1,
+        ),
     ],
     ids=[
         "sgd",
@@ -58,6 +66,11 @@ def keras_and_rule(make_optimizer, constraint=None):
         "adagrad",
         "adam",
         "adamw",
+        "clipnorm",
+        "amsgrad",
+        "global_clipnorm",
+        "clipvalue",
+        "schedule_with_weight_decay",
     ],
 )
 def test_rule_on_tensors_matches_keras_optimizer(make_optimizer):
@@ -101,5 +114,5 @@ def test_sparse_gradients_with_repeated_rows_step_as_keras(make_optimizer):
             tf.constant(values), tf.constant([1, 1, 3]), tf.constant([5, 2])
         )
         optimizer.apply([sparse], [variable])
-        weights, state = rule.step([variable], weights, [sparse], state)
+        weights, state = rule.step([variable], weights, [sparse], state, k)
     np.testing.assert_allclose(weights[0].numpy(), variable.numpy(), atol=1e-6)

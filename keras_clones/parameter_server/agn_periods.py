@@ -15,10 +15,21 @@ gradients are not finite, and sends which were; the coordinator shows the
 guard each local step that way, then the commit.
 """
 
+import typing
+
 import tensorflow as tf
 
 from keras_clones.parameter_server import inner_steps
 from keras_clones.step_hooks import Step
+
+
+class _WorkerCopy(typing.NamedTuple):
+    """A worker's copy of the model during a period (tensors)."""
+
+    weights: list  # The trainable variables' values.
+    states: list  # The non-trainable variables' values.
+    inner: list  # The inner optimizer's state (`inner_steps`).
+    gradient_sums: list  # The period's gradients, if the rule commits them.
 
 
 class AGNPeriods:
@@ -41,48 +52,67 @@ class AGNPeriods:
         self.optimizer.start_centers_from_variables(self._variables)
 
     def on_worker(self, iterator):
-        model = self.model
-        weights = [tf.identity(c.value) for c in self._centers]
-        pulled = list(weights)
-        states = [tf.identity(v.value) for v in model.non_trainable_variables]
-        # Per-worker variables get no automatic control dependencies: read
-        # each once here, write each once at the end.
-        inner = [s.read_value() for s in self._state]
-        # The period's gradients, summed, if the rule commits them.
-        total = []
-        if self.optimizer.commit == "gradients":
-            total = [tf.zeros_like(w) for w in weights]
-        guarded = model.step_hooks.guard is not None
+        pulled = [tf.identity(c.value) for c in self._centers]
+        # The steps committed before this period: where a learning-rate
+        # schedule stands for its first local step.
+        start = tf.identity(self.optimizer.iterations.value)
+        copy = self._worker_copy(pulled)
         steps = []
-        for _ in range(self.steps):
-            step, new_states = model.stateless_compute_gradients(
-                weights, states, next(iterator)
-            )
-            grads = step.pop("grads")  # The rest goes to the logs.
-            new = (
-                _added(total, grads),
-                *self._rule.step(self._variables, weights, grads, inner),
-                new_states,
-            )
-            if guarded:
-                # The guard (InfNanCheck) judges each local step on the
-                # coordinator; a non-finite one changes nothing here, and
-                # still counts toward the period.
-                step["finite"] = _finiteness(step, grads)
-                new = _kept(
-                    step["finite"], new, (total, weights, inner, states)
-                )
-            total, weights, inner, states = new
+        for k in range(self.steps):
+            copy, step = self._local_step(copy, next(iterator), start + k)
             steps.append(step)
-        commit = self._commit(total, pulled, weights)
-        writes = [s.assign(v) for s, v in zip(self._state, inner)]
-        writes += [
-            v.value.assign(s)
-            for v, s in zip(model.non_trainable_variables, states)
-        ]
-        with tf.control_dependencies(writes):
+        commit = self._commit(copy.gradient_sums, pulled, copy.weights)
+        with tf.control_dependencies(self._kept_by_worker(copy)):
             commit = [tf.identity(c) for c in commit]
         return {"commit": commit, "steps": steps}
+
+    def _worker_copy(self, pulled):
+        model = self.model
+        return _WorkerCopy(
+            weights=pulled,
+            states=[
+                tf.identity(v.value) for v in model.non_trainable_variables
+            ],
+            # Per-worker variables get no automatic control dependencies:
+            # read each once here, write each once at the end.
+            inner=[s.read_value() for s in self._state],
+            # The period's gradients, summed, if the rule commits them.
+            gradient_sums=[tf.zeros_like(w) for w in pulled]
+            if self.optimizer.commit == "gradients"
+            else [],
+        )
+
+    def _local_step(self, copy, data, iteration):
+        """One inner step of the worker's copy on a batch; the new copy,
+        and what the coordinator's logs (and guard) need of the step."""
+        step, states = self.model.stateless_compute_gradients(
+            copy.weights, copy.states, data
+        )
+        grads = step.pop("grads")  # The rest goes to the logs.
+        weights, inner = self._rule.step(
+            self._variables, copy.weights, grads, copy.inner, iteration
+        )
+        new = _WorkerCopy(
+            weights, states, inner, _added(copy.gradient_sums, grads)
+        )
+        if self.model.step_hooks.guard is not None:
+            # The guard (InfNanCheck) judges each local step on the
+            # coordinator; a non-finite one changes nothing here, and still
+            # counts toward the period.
+            step["finite"] = _finiteness(step, grads)
+            new = _kept(step["finite"], new, copy)
+        return new, step
+
+    def _kept_by_worker(self, copy):
+        """Writes the worker's inner state, and the float state
+        (BatchNormalization's) to the model's variables."""
+        model = self.model
+        writes = [s.assign(v) for s, v in zip(self._state, copy.inner)]
+        writes += [
+            v.value.assign(s)
+            for v, s in zip(model.non_trainable_variables, copy.states)
+        ]
+        return writes
 
     def _commit(self, gradient_sums, pulled, weights):
         """The commit of the optimizer's rule, in its communication dtype."""

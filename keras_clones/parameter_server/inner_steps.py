@@ -16,16 +16,6 @@ import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
 
-# Base options the rules below do not apply, with their defaults.
-_UNSUPPORTED_OPTIONS = {
-    "clipnorm": None,
-    "global_clipnorm": None,
-    "clipvalue": None,
-    "use_ema": False,
-    "loss_scale_factor": None,
-    "gradient_accumulation_steps": None,
-}
-
 
 def rule_for(optimizer):
     """The inner-step rule of `optimizer` (SGD, RMSprop, Adagrad, Adam or
@@ -39,25 +29,6 @@ def rule_for(optimizer):
             "the weights, which keras_clones computes for SGD, RMSprop, "
             f"Adagrad, Adam and AdamW only. Received: {kind.__name__}. Use "
             "one of those."
-        )
-    config = optimizer.get_config()
-    for option, default in _UNSUPPORTED_OPTIONS.items():
-        if config.get(option, default) != default:
-            raise ValueError(
-                "Under ParameterServerStrategy, an AGNOptimizer's inner "
-                f"optimizer cannot take `{option}` yet. Received: "
-                f"{option}={config[option]!r}."
-            )
-    if getattr(optimizer, "amsgrad", False):
-        raise ValueError(
-            "Under ParameterServerStrategy, an AGNOptimizer's inner Adam "
-            "cannot take `amsgrad=True` yet."
-        )
-    if callable(internals.learning_rate_object(optimizer)):
-        raise ValueError(
-            "Under ParameterServerStrategy, an AGNOptimizer's inner "
-            "optimizer needs a constant learning rate (a float; callbacks "
-            "may still change it), not a schedule."
         )
     return rule(optimizer)
 
@@ -93,12 +64,15 @@ class _Rule:
             tf.zeros(variable.shape, variable.dtype) for _ in self.slot_names
         ]
 
-    def step(self, variables, weights, grads, state):
+    def step(self, variables, weights, grads, state, iteration):
         """One update of `weights` (tensors of `variables`) by `grads`;
-        returns the new weights and state (tensors). Weight decay, then the
-        update, then each variable's constraint, as Keras's `apply`."""
+        returns the new weights and state (tensors). As Keras's `apply`:
+        the gradients clipped, weight decay, then the update, then each
+        variable's constraint, at the learning rate of step `iteration`
+        (what a schedule takes)."""
         count, slots = state[0], state[1:]
-        lr = tf.convert_to_tensor(self.optimizer.learning_rate)
+        lr = self._learning_rate(iteration)
+        grads = internals.clipped_gradients(self.optimizer, grads)
         width = len(self.slot_names)
         new_weights, new_slots = [], []
         for i, (variable, w, g) in enumerate(zip(variables, weights, grads)):
@@ -124,6 +98,17 @@ class _Rule:
             new_slots.extend(own)
         return new_weights, [count + 1, *new_slots]
 
+    def _learning_rate(self, iteration):
+        """As Keras's optimizer computes it at `iterations == iteration`."""
+        learning_rate = internals.learning_rate_object(self.optimizer)
+        if isinstance(
+            learning_rate, keras.optimizers.schedules.LearningRateSchedule
+        ):
+            return learning_rate(iteration)
+        if callable(learning_rate):
+            return learning_rate()
+        return tf.convert_to_tensor(learning_rate)
+
 
 class _SGD(_Rule):
     def __init__(self, optimizer):
@@ -142,11 +127,15 @@ class _SGD(_Rule):
 
 
 class _Adam(_Rule):
-    slot_names = ("m", "v")
+    def __init__(self, optimizer):
+        super().__init__(optimizer)
+        self.slot_names = ("m", "v")
+        if optimizer.amsgrad:
+            self.slot_names += ("v_hat",)
 
     def update(self, w, g, slots, lr, count):
         o = self.optimizer
-        m, v = slots
+        m, v = slots[:2]
         t = tf.cast(count + 1, w.dtype)
         beta_1_power = tf.pow(tf.cast(o.beta_1, w.dtype), t)
         beta_2_power = tf.pow(tf.cast(o.beta_2, w.dtype), t)
@@ -154,7 +143,10 @@ class _Adam(_Rule):
         g, squared = _dense_and_squared(g)
         m = m + (g - m) * (1 - o.beta_1)
         v = v + (squared - v) * (1 - o.beta_2)
-        return w - (m * alpha) / (tf.sqrt(v) + o.epsilon), [m, v]
+        if not o.amsgrad:
+            return w - (m * alpha) / (tf.sqrt(v) + o.epsilon), [m, v]
+        v_hat = tf.maximum(slots[2], v)
+        return w - (m * alpha) / (tf.sqrt(v_hat) + o.epsilon), [m, v, v_hat]
 
 
 class _RMSprop(_Rule):

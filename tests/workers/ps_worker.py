@@ -181,6 +181,15 @@ AGN_RULES = {
         outer_optimizer=keras.optimizers.SGD(1.0),
         commit="weight_change",
     ),
+    # A schedule (at the global step: the steps committed before the
+    # period, plus the local step) and clipping, on the inner Adam.
+    "adam_schedule_clipnorm": lambda: keras_clones.AGNOptimizer(
+        keras.optimizers.Adam(
+            keras.optimizers.schedules.ExponentialDecay(0.02, 4, 0.5),
+            clipnorm=0.1,
+        ),
+        communication_period=3,
+    ),
     # DiLoCo: the undivided weight change, inner AdamW, outer Nesterov.
     "diloco_adamw": lambda: keras_clones.AGNOptimizer(
         keras.optimizers.AdamW(0.01, weight_decay=0.1),
@@ -542,13 +551,10 @@ def refusals(strategy):
 
         return fit_with
 
-    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
     optimizers = keras.optimizers
     results.update(
         agn_steps=refusal(agn(steps_per_epoch=4)),
         agn_lion=refusal(agn(optimizers.Lion)),
-        agn_clipnorm=refusal(agn(lambda: optimizers.SGD(clipnorm=1.0))),
-        agn_schedule=refusal(agn(lambda: optimizers.SGD(schedule))),
         agn_amsgrad=refusal(agn(lambda: optimizers.Adam(amsgrad=True))),
         agn_loss_scaled=refusal(agn(loss_scaled=True)),
         agn_fine=refusal(agn(optimizers.AdamW)),
