@@ -156,10 +156,15 @@ class _StatelessValues(_StateUpdate):
     After `apply()`, `non_trainable_values` holds the new state."""
 
     def __init__(self, model, trainable_values, non_trainable_values):
+        trainable_values = _values_for(
+            model.trainable_variables, trainable_values, "trainable_variables"
+        )
         self.trainable = list(zip(model.trainable_variables, trainable_values))
-        self.trainable_values = list(trainable_values)
+        self.trainable_values = trainable_values
         self.non_trainable = model.non_trainable_variables
-        self.non_trainable_values = list(non_trainable_values)
+        self.non_trainable_values = _values_for(
+            self.non_trainable, non_trainable_values, "non_trainable_variables"
+        )
         position = {id(v): k for k, v in enumerate(self.non_trainable)}
         self.positions = [position[id(v)] for v in model._state_variables()]
         self.before = [self.non_trainable_values[k] for k in self.positions]
@@ -183,6 +188,23 @@ class _StatelessValues(_StateUpdate):
     def apply(self):
         for j, k in enumerate(self.positions):
             self.non_trainable_values[k] = self.before[j] + self.deltas[j]
+
+
+def _values_for(variables, values, name):
+    """`values` as tensors of `variables`' dtypes (what a `StatelessScope`
+    maps them to, and what gradients are taken against); a `ValueError` if
+    there is not one per variable."""
+    values = list(values)
+    if len(values) != len(variables):
+        raise ValueError(
+            f"`{name}` must hold one value per variable of `model.{name}` "
+            f"({len(variables)}, in that order). Received: {len(values)} "
+            "values."
+        )
+    return [
+        keras.ops.convert_to_tensor(value, dtype=variable.dtype)
+        for variable, value in zip(variables, values)
+    ]
 
 
 class _ClonesRun(typing.NamedTuple):
@@ -622,7 +644,7 @@ class CloneModel(keras.Model):
         (_, y, sample_weight), batch_size, clones = self._split(data)
         run = self._run_clones(clones, training=True, values=values)
         with tf.device(self._deployment.optimizer_device()):
-            grads = self._combine(run)
+            grads = self._combine(run, replicated=values is None)
             run.state.apply()
             y_pred = _merge_outputs(run.y_preds, run.sizes)
         return {
@@ -693,12 +715,12 @@ class CloneModel(keras.Model):
         per step.
         """
         reduction = _loss_reduction(self.loss)  # Refuses what cannot split.
-        replicas = self._replicas if training else None
+        replicas = self._replicas if training and values is None else None
         if replicas is not None:
             replicas.sync_if_stale()
-        state = values or _StateUpdate(
-            self._state_variables() if training else []
-        )
+        state = values
+        if values is None:
+            state = _StateUpdate(self._state_variables() if training else [])
         run = _ClonesRun([], [], [], [], [], state)
         for i, clone in enumerate(clones):
             reads, sources = self._clone_reads(i, replicas, values)
@@ -750,13 +772,14 @@ class CloneModel(keras.Model):
         )
         return y_pred, loss
 
-    def _combine(self, run):
+    def _combine(self, run, replicated=True):
         """Phase 3: the gradients of the whole batch, summed over clones
-        (all-reduced between replicated copies). Across workers, every
+        (all-reduced between replicated copies, unless `replicated` is
+        false: the clones ran on given values). Across workers, every
         worker's are made non-finite when any worker's overflowed, so that
         a `LossScaleOptimizer` skips the step on all of them, and the state
         moves by the mean of the workers' updates."""
-        if self._replicas is None:
+        if self._replicas is None or not replicated:
             grads = [_sum_gradients(g) for g in zip(*run.grads)]
         else:
             run.grads[:] = self._replicas.all_reduce(run.grads)

@@ -459,3 +459,52 @@ def test_masked_outputs_are_refused():
     model.compile("sgd", "mse")
     with pytest.raises(ValueError, match="masked outputs"):
         model.fit(np.ones((4, 5)), np.ones((4, 5, 1)), verbose=0)
+
+
+def normalized_dropout_model():
+    """Two clones, BatchNormalization and Dropout: float state and a seed
+    generator's state."""
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(5, use_bias=False)(inputs)
+    hidden = keras.layers.BatchNormalization(momentum=0.5)(hidden)
+    hidden = keras.layers.Dropout(0.3, seed=3)(hidden)
+    outputs = keras.layers.Dense(1)(hidden)
+    model = CloneModel(inputs, outputs, deployment=TWO_CPUS)
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+def test_stateless_compute_gradients_equals_compute_gradients_unassigned():
+    model = normalized_dropout_model()
+    rng = np.random.default_rng(7)
+    batch = (
+        tf.constant(rng.normal(2.0, 3.0, size=(6, 4)), "float32"),
+        tf.constant(rng.normal(size=(6, 1)), "float32"),
+    )
+    trainable = [v.numpy() for v in model.trainable_variables]
+    start = [v.numpy() for v in model.non_trainable_variables]
+    # NumPy values are taken as Keras's `stateless_call` takes them.
+    computed, moved = model.stateless_compute_gradients(trainable, start, batch)
+    for variable, value in zip(model.non_trainable_variables, start):
+        np.testing.assert_array_equal(variable.numpy(), value)  # Untouched.
+    expected = model.compute_gradients(batch)  # Moves the variables.
+    for grad, reference in zip(computed["grads"], expected["grads"]):
+        np.testing.assert_allclose(grad.numpy(), reference.numpy(), atol=1e-6)
+    for value, variable in zip(moved, model.non_trainable_variables):
+        np.testing.assert_allclose(value.numpy(), variable.numpy(), atol=1e-6)
+    changed = [not np.array_equal(m.numpy(), s) for m, s in zip(moved, start)]
+    assert sum(changed) >= 3  # Moving mean and variance, the seed.
+
+
+def test_stateless_compute_gradients_wants_one_value_per_variable():
+    model = normalized_dropout_model()
+    trainable = [v.numpy() for v in model.trainable_variables]
+    start = [v.numpy() for v in model.non_trainable_variables]
+    batch = (np.ones((2, 4), "float32"), np.ones((2, 1), "float32"))
+    with pytest.raises(
+        ValueError,
+        match=r"`trainable_variables` must hold.*\(5, in that order\)\. "
+        "Received: 2 values",
+    ):
+        model.stateless_compute_gradients(trainable[:2], start, batch)

@@ -146,6 +146,24 @@ def test_should_evaluate_raises_keras_own_error_for_a_bad_freq():
         internals.should_evaluate(compiled_model(), 0, "often")
 
 
+@pytest.mark.parametrize(
+    "options, clipped",
+    [
+        ({"clipnorm": 1.0}, [0.6, 0.8]),
+        ({"global_clipnorm": 2.5}, [1.5, 2.0]),
+        ({"clipvalue": 1.0}, [1.0, 1.0]),
+        ({}, [3.0, 4.0]),
+    ],
+)
+def test_clipped_gradients_are_the_optimizers_own_clipping(options, clipped):
+    optimizer = keras.optimizers.SGD(0.1, **options)
+    grads = internals.clipped_gradients(
+        optimizer, [tf.constant([3.0, 4.0]), None]
+    )
+    np.testing.assert_allclose(grads[0], clipped, rtol=1e-6)
+    assert grads[1] is None
+
+
 def test_initial_epoch_is_where_backup_and_restore_resumes(tmp_path):
     class InterruptAtEpoch1(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):

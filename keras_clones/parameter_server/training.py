@@ -15,6 +15,7 @@ result is applied once.
 """
 
 import collections
+import contextlib
 
 import keras
 import tensorflow as tf
@@ -91,10 +92,25 @@ class AsyncTraining:
     def run_epoch(self, steps, callbacks):
         """Runs `steps` steps (worker batches), calling `callbacks`' batch
         hooks as each result is applied; stops early when
-        `model.stop_training` is set (work in flight is then discarded:
-        nothing of it was applied). Returns the last logs (the epoch's
-        means)."""
+        `model.stop_training` is set. Work already in flight then finishes
+        on the workers, and its results are not applied (what a worker
+        writes itself, such as an AGN worker's inner state and
+        BatchNormalization statistics, stays written). A callback's error
+        also lets it finish, so that nothing still runs when `fit` raises.
+        Returns the last logs (the epoch's means)."""
         self.work.start()
+        try:
+            logs = self._apply_in_order(steps, callbacks)
+        except tf.errors.OpError:
+            raise  # The cluster's own failure: nothing to wait for.
+        except Exception:
+            with contextlib.suppress(Exception):
+                self._coordinator.join()
+            raise
+        self._coordinator.join()
+        return logs
+
+    def _apply_in_order(self, steps, callbacks):
         per_call = self.work.steps
         calls = steps // per_call
         pending = collections.deque()
@@ -113,7 +129,6 @@ class AsyncTraining:
             callbacks.on_train_batch_end((call + 1) * per_call - 1, logs)
             if self.model.stop_training:
                 break
-        self._coordinator.join()
         return logs
 
 
