@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: setup demo test test-bench format bench bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper clean conformance
+.PHONY: setup demo test test-bench format bench bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ bench-agn-rounds: setup
 
 bench-agn-paper: setup
 	$(BIN)/python bench/agn_paper.py
+
+# Needs root, ip and tc for its shaped links (bench/netns.py); without
+# root it measures the unshaped loopback only. About 30 minutes.
+bench-wan: setup
+	$(BIN)/python bench/wan.py
 
 bench-callbacks: setup
 	$(BIN)/python bench/callbacks.py

@@ -86,6 +86,7 @@ import sys
 import threading
 import time
 
+import flags
 import mnist_mlp
 
 WORKER_FLAG = "--worker"
@@ -303,20 +304,7 @@ def parse_args():
         action="store_true",
         help="leave out the synchronous reference",
     )
-    parser.add_argument(
-        "--out",
-        default=str(ROOT / "bench" / "out"),
-        help="where the JSON records go (default bench/out)",
-    )
-    parser.add_argument(
-        "--figures",
-        help="where the PNGs go (default bench/figures; with --quick, --out)",
-    )
-    parser.add_argument(
-        "--from-json",
-        metavar="PATH",
-        help="print the tables and draw the figures of an earlier run",
-    )
+    flags.add_record_flags(parser, ROOT)
     args = parser.parse_args()
     quick = args.quick
     args.workers = args.workers or (QUICK_WORKERS if quick else WORKERS)

@@ -81,6 +81,7 @@ import pathlib
 import sys
 import time
 
+import flags
 import launching
 import mnist_mlp
 
@@ -235,13 +236,9 @@ def worker_main(argv):
     parser.add_argument("--lr-sweep", action="store_true")
     parser.add_argument("--lr", type=float)
     args = parser.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ["KERAS_BACKEND"] = "tensorflow"
-    import tensorflow as tf
-
-    # Before any other TensorFlow op: collectives are set up at startup.
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = launching.multi_worker_strategy()
     import keras
+    import tensorflow as tf
 
     import keras_clones
 
@@ -377,8 +374,10 @@ class Trainer:
         )
         return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
 
-    def run(self, rule, period, dtype, seed, epochs, lr):
-        keras, tf = self.keras, self.tf
+    def build(self, rule, period, dtype, seed, lr):
+        """A fresh model with `seed`'s weights, compiled with the rule's
+        optimizer: `(model, optimizer)`."""
+        keras = self.keras
         with self.strategy.scope():
             keras.utils.set_random_seed(seed)
             model = mnist_mlp.mlp(keras, self.keras_clones.CloneModel)
@@ -388,22 +387,37 @@ class Trainer:
                 "sparse_categorical_crossentropy",
                 steps_per_execution=self.steps_per_epoch,
             )
-        predict = tf.function(lambda x: model(x, training=False))
-        records = []
-        x_held_out = tf.constant(self.x_held_out)
-        y_held_out = self.y_held_out
+        return model, optimizer
 
-        def score_global_model(epoch, logs):
+    def scorer(self, model, optimizer):
+        """A function that returns the held-out accuracy of the global model
+        (the centers), leaving the local weights as they were."""
+        tf = self.tf
+        predict = tf.function(lambda x: model(x, training=False))
+        x_held_out = tf.constant(self.x_held_out)
+
+        def score():
             local_weights = model.get_weights()
             optimizer.assign_global_centers()
             predictions = predict(x_held_out).numpy().argmax(axis=-1)
             model.set_weights(local_weights)
+            return float((predictions == self.y_held_out).mean())
+
+        return score
+
+    def run(self, rule, period, dtype, seed, epochs, lr):
+        keras = self.keras
+        model, optimizer = self.build(rule, period, dtype, seed, lr)
+        score = self.scorer(model, optimizer)
+        records = []
+
+        def score_global_model(epoch, logs):
             records.append(
                 {
                     "epoch": epoch + 1,
                     "steps": int(optimizer.local_step.numpy()),
                     "all_reduces": int(optimizer.communication_rounds.numpy()),
-                    "accuracy": float((predictions == y_held_out).mean()),
+                    "accuracy": score(),
                     "loss": float(logs["loss"]),
                 }
             )
@@ -465,22 +479,7 @@ def parse_args():
         + ", ".join(f"{rule} {lr:g}" for rule, lr in LEARNING_RATES.items())
         + ")",
     )
-    parser.add_argument(
-        "--out",
-        default=str(ROOT / "bench" / "out"),
-        help="where the JSON records go (default bench/out)",
-    )
-    parser.add_argument(
-        "--figures",
-        help="where the PNGs go (default bench/figures; with --quick or "
-        "--lr-sweep, --out)",
-    )
-    parser.add_argument(
-        "--from-json",
-        metavar="PATH",
-        help="print the tables and draw the figures of the records of an "
-        "earlier run (its JSON) instead of running",
-    )
+    flags.add_record_flags(parser, ROOT, "--quick or --lr-sweep")
     args = parser.parse_args()
     if args.figures is None:
         full = not (args.quick or args.lr_sweep)

@@ -114,3 +114,26 @@ def print_failure(name, status, lines):
         f"lines of its output:\n{tail}\n",
         flush=True,
     )
+
+
+def package_module(name):
+    """The module `keras_clones.<name>`, loaded from its file without
+    importing the package (see `launch_script`); for modules that import
+    only the standard library, such as `cost_model`."""
+    package = importlib.util.find_spec("keras_clones")
+    path = os.path.join(package.submodule_search_locations[0], f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"keras_clones_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def multi_worker_strategy():
+    """A launched worker's `tf.distribute.MultiWorkerMirroredStrategy()`,
+    made before any other TensorFlow op (collectives are set up at
+    startup), with TensorFlow's info logs off and Keras on TensorFlow."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import tensorflow as tf
+
+    return tf.distribute.MultiWorkerMirroredStrategy()

@@ -1,0 +1,250 @@
+"""Shaped links for the benchmarks: a network namespace's loopback behind a
+token bucket.
+
+A benchmark's workers talk over 127.0.0.1. Run inside a network namespace
+of their own (`Namespace`), they talk over that namespace's loopback, which
+`tc`'s token-bucket filter (`tbf`) shapes to a `Link`'s rate without
+touching the machine's own loopback. Every worker's traffic passes through
+the one queue of that loopback, so the rate is shared by all workers, as
+on one shared network link. `tbf`'s `latency` only bounds its queue (the
+bytes it holds before it drops); it adds no delay (`netem`, which would,
+is not installed on the bench machine).
+
+Needs root, `ip` and `tc` (iproute2); `missing_requirements()` says what is
+missing. A `Namespace` has a unique name, ends every process left in it and
+then deletes itself on every exit of its `with` block (an error, Ctrl-C or
+SIGTERM included). Standard library only: the benchmarks' drivers import
+no TensorFlow.
+
+    with netns.Namespace() as namespace:
+        namespace.shape(netns.LINKS["100mbit"])
+        launching.run_process(namespace.command(["python", "train.py"]), 600)
+
+A process inside the namespace (a worker, running as root) may reshape the
+link between measurements with `shape_own_namespace(link)`, which refuses
+to act anywhere but in a namespace this module made.
+"""
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+
+PREFIX = "keras-clones-bench"
+# Set in the environment of the processes run with `Namespace.command`: the
+# namespace they run in, for `shape_own_namespace`.
+ENV = "KERAS_CLONES_BENCH_NETNS"
+_KILL_TIMEOUT = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """A loopback link: unshaped, or `tbf` at `rate` bits per second.
+
+    Attributes:
+        name: How tables name it, e.g. `"100 Mbit/s"`.
+        rate: `tc`'s rate, e.g. `"100mbit"`; None for the unshaped loopback.
+        burst: The bucket's size: bytes sent at once at full speed.
+        latency: The queue's bound: the longest a byte may wait in it
+            (`tbf` drops beyond it; it adds no delay).
+    """
+
+    name: str
+    rate: str | None
+    burst: str = "256kb"
+    latency: str = "200ms"
+
+    @property
+    def bits_per_second(self):
+        """The rate in bits per second; None when unshaped."""
+        if self.rate is None:
+            return None
+        units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+        for unit, scale in units.items():
+            if self.rate.endswith(unit):
+                return float(self.rate[: -len(unit)]) * scale
+        raise ValueError(f"Unknown rate unit in {self.rate!r}: use {units}.")
+
+    def describe(self):
+        """The rate, burst and queue bound, as a table's note says them."""
+        if self.rate is None:
+            return f"{self.name}: the loopback as it is, no qdisc"
+        return (
+            f"{self.name}: tbf rate {self.rate} burst {self.burst} "
+            f"latency {self.latency}"
+        )
+
+
+UNSHAPED = Link("unshaped", None)
+LINKS = {
+    "unshaped": UNSHAPED,
+    "1gbit": Link("1 Gbit/s", "1gbit", burst="1mb"),
+    "100mbit": Link("100 Mbit/s", "100mbit"),
+    # 200 ms holds 250 KB at 10 Mbit/s, less than one worker's 1 MB share
+    # of a round: a longer bound keeps tbf from dropping (and TCP from
+    # waiting out retransmission timeouts).
+    "10mbit": Link("10 Mbit/s", "10mbit", latency="2s"),
+}
+
+
+def missing_requirements():
+    """Why namespaces cannot be made here (one line), or None if they can."""
+    if os.geteuid() != 0:
+        return f"needs root to make network namespaces (uid {os.geteuid()})"
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return f"needs {' and '.join(missing)} (iproute2) on the PATH"
+    return None
+
+
+def _run(*command):
+    subprocess.run(command, check=True, capture_output=True, text=True)
+
+
+def _tc_shape(link, prefix=()):
+    """Shapes the loopback of the namespace `prefix` runs in."""
+    if link.rate is None:
+        # Back to no qdisc; deleting one that is not there fails harmlessly.
+        subprocess.run(
+            [*prefix, "tc", "qdisc", "del", "dev", "lo", "root"],
+            capture_output=True,
+        )
+        return
+    _run(
+        *prefix,
+        *("tc", "qdisc", "replace", "dev", "lo", "root", "tbf"),
+        *("rate", link.rate, "burst", link.burst, "latency", link.latency),
+    )
+
+
+def shape_own_namespace(link):
+    """Shapes the loopback of the namespace this process runs in.
+
+    Only in a namespace a `Namespace` made (named in the environment by
+    `Namespace.command`, and the one this process is in): the machine's own
+    loopback is never touched.
+
+    Raises:
+        RuntimeError: This process is not in such a namespace.
+    """
+    expected = os.environ.get(ENV)
+    current = subprocess.run(
+        ["ip", "netns", "identify", str(os.getpid())],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if not expected or current != expected:
+        raise RuntimeError(
+            f"Refusing to shape the loopback: this process runs in network "
+            f"namespace {current or '(the machine own)'!r}, not in one made "
+            f"by bench/netns.py ({ENV}={expected!r}). Start it with "
+            f"Namespace.command(...)."
+        )
+    _tc_shape(link)
+
+
+def leftovers():
+    """The names of this module's namespaces that exist now."""
+    listing = subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True
+    ).stdout
+    names = [line.split()[0] for line in listing.splitlines() if line.strip()]
+    return [name for name in names if name.startswith(PREFIX)]
+
+
+class _Terminated(Exception):
+    """SIGTERM or SIGHUP, raised so that the namespace is deleted."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated(f"signal {signum}")
+
+
+class Namespace:
+    """A network namespace with its loopback up, deleted on exit.
+
+    Use it as a context manager. On leaving the block (normally, on an
+    error, Ctrl-C, SIGTERM or SIGHUP), every process still in the namespace
+    is killed, then the namespace is deleted. Ctrl-C and the signals still
+    end the program, after the clean-up.
+
+    Attributes:
+        name: The namespace's unique name (`keras-clones-bench-PID-XXXXXX`).
+    """
+
+    def __init__(self):
+        problem = missing_requirements()
+        if problem:
+            raise RuntimeError(f"bench/netns.py {problem}.")
+        self.name = f"{PREFIX}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._handlers = {}
+
+    def __enter__(self):
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            self._handlers[signum] = signal.signal(signum, _raise_terminated)
+        try:
+            _run("ip", "netns", "add", self.name)
+            _run(
+                "ip",
+                "netns",
+                "exec",
+                self.name,
+                "ip",
+                "link",
+                "set",
+                "lo",
+                "up",
+            )
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def shape(self, link):
+        """Shapes the namespace's loopback to `link` (replacing any shape)."""
+        _tc_shape(link, prefix=("ip", "netns", "exec", self.name))
+
+    def command(self, argv):
+        """`argv`, run inside the namespace (with `ENV` naming it)."""
+        return [
+            *("ip", "netns", "exec", self.name),
+            *("env", f"{ENV}={self.name}"),
+            *argv,
+        ]
+
+    def pids(self):
+        """The processes in the namespace."""
+        listing = subprocess.run(
+            ["ip", "netns", "pids", self.name], capture_output=True, text=True
+        ).stdout
+        return [int(pid) for pid in listing.split()]
+
+    def _kill_processes(self):
+        deadline = time.monotonic() + _KILL_TIMEOUT
+        while (pids := self.pids()) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+
+    def __exit__(self, exc_type, exc, traceback):
+        # A second Ctrl-C must not cut the clean-up short.
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self._kill_processes()
+            subprocess.run(
+                ["ip", "netns", "del", self.name], capture_output=True
+            )
+        finally:
+            signal.signal(signal.SIGINT, interrupt)
+            for signum, handler in self._handlers.items():
+                signal.signal(signum, handler)
+            self._handlers = {}
+        if isinstance(exc, _Terminated):
+            raise SystemExit(1) from exc
+        return False

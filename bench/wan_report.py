@@ -1,0 +1,629 @@
+"""The analysis, tables and figures of `bench/wan.py`.
+
+Standard library only, but for matplotlib in `figures`: the workers use
+the analysis to choose configurations, the driver (no TensorFlow) prints
+the report.
+"""
+
+import dataclasses
+import math
+import os
+import statistics
+
+import agn_rounds
+import launching
+import mnist_mlp
+import netns
+
+cost_model = launching.package_module("cost_model")
+
+POINTS_BELOW = 0.005  # The target: synchronous training's final mean less.
+PREDICTION_TOLERANCE = 0.25
+END_TO_END_TOLERANCE = 0.15
+GOAL = 10.0  # Speed-up over synchronous training at 100 Mbit/s.
+GOAL_LINK = "100mbit"
+# The unshaped loopback's rate, for the figure's axis only (measured on
+# the bench machine as about 20 Gbit/s); the cost model treats it as free.
+UNSHAPED_BITS = 20e9
+EXTRAPOLATION_WORKERS = (8, 64)
+EXTRAPOLATION_BANDWIDTHS = (1e9, 10e9)
+LARGE_MODEL_BYTES = 100e6
+
+
+# Planning the timed runs.
+
+
+def block_steps(period, steps_per_epoch):
+    """The fewest steps that hold whole periods and whole executions."""
+    return math.lcm(period, steps_per_epoch)
+
+
+def plan_epochs(period, steps_per_epoch, plan):
+    """Epochs per link and repeat: whole blocks, enough for the plan's
+    periods per cell (synchronous training: steps) over its repeats."""
+    if period == 1:
+        steps = plan["sync_steps_per_cell"]
+    else:
+        steps = plan["periods_per_cell"] * period
+    per_repeat = math.ceil(steps / plan["repeats"])
+    block = block_steps(period, steps_per_epoch)
+    return math.ceil(per_repeat / block) * block // steps_per_epoch
+
+
+# Steps to target.
+
+
+def reach(curve, target):
+    """The first point of `curve` whose mean reaches `target`, or None."""
+    return next((p for p in curve if p["mean"] >= target - 1e-12), None)
+
+
+def _curve(config_runs):
+    """Per epoch: epoch, steps, all-reduces and the accuracy's mean, min
+    and max over the seeds."""
+    return [
+        {
+            "epoch": epoch,
+            "all_reduces": all_reduces,
+            "mean": mean,
+            "low": low,
+            "high": high,
+            "steps": record["steps"],
+        }
+        for (epoch, all_reduces, mean, low, high), record in zip(
+            agn_rounds.mean_curve(config_runs), config_runs[0]["records"]
+        )
+    ]
+
+
+def analyse_steps(runs):
+    """The targets and, per configuration, its curve and what it needs to
+    reach each target (its seeds' mean, and seed 0 alone)."""
+    configs = agn_rounds.by_config(runs)
+    sync_runs = configs[agn_rounds.config_name("sync", 1)]
+    final_epoch = min(len(r["records"]) for r in sync_runs)
+    final = [r["records"][final_epoch - 1]["accuracy"] for r in sync_runs]
+    target = statistics.mean(final) - POINTS_BELOW
+    strict = min(final)
+    curves, rows = {}, {}
+    for name, config_runs in configs.items():
+        curve = curves[name] = _curve(config_runs)
+        first = config_runs[0]
+        seed_0 = next(r for r in config_runs if r["seed"] == 0)
+        rows[name] = {
+            "config": name,
+            "key": (
+                first["rule"],
+                first["period"],
+                first["communication_dtype"],
+            ),
+            "period": first["period"],
+            "communication_dtype": first["communication_dtype"],
+            "seeds": len(config_runs),
+            "bytes_per_round": first["bytes_per_round"],
+            "final": curve[-1],
+            "target": reach(curve, target),
+            "strict": reach(curve, strict),
+            "seed_0": reach(_curve([seed_0]), target),
+            "seed_0_records": seed_0["records"],
+        }
+    return {"target": target, "strict": strict, "curves": curves, "rows": rows}
+
+
+def _local_rows(steps):
+    return [r for r in steps["rows"].values() if r["period"] > 1]
+
+
+def best_for_16_bits(steps):
+    """`(rule, period, None)` of the 32-bit local-step configuration with
+    the fewest all-reduces to the target, then the fewest steps, then the
+    highest final accuracy."""
+
+    def key(row):
+        point = row["target"] or {"all_reduces": math.inf, "steps": math.inf}
+        return (point["all_reduces"], point["steps"], -row["final"]["mean"])
+
+    rows = [r for r in _local_rows(steps) if r["communication_dtype"] is None]
+    return tuple(min(rows, key=key)["key"])
+
+
+# Time per step.
+
+
+def time_cells(timings):
+    """Per `(configuration, link)`: seconds per step, the median over
+    blocks of whole periods and executions, and the blocks' range."""
+    cells = {}
+    for timing in timings:
+        per_link = {}
+        for link, seconds in timing["epochs"]:
+            per_link.setdefault(link, []).append(seconds)
+        size = timing["block_epochs"]
+        steps = size * timing["steps_per_epoch"]
+        for link, epochs in per_link.items():
+            blocks = [
+                sum(epochs[i : i + size]) / steps
+                for i in range(0, len(epochs) - size + 1, size)
+            ]
+            cells[timing["config"], link] = {
+                "median": statistics.median(blocks),
+                "low": min(blocks),
+                "high": max(blocks),
+                "blocks": len(blocks),
+                "steps": len(epochs) * timing["steps_per_epoch"],
+            }
+    return cells
+
+
+def fastest_local(steps, cells, link):
+    """`(rule, period, dtype)` of the local-step configuration with the
+    shortest time to the target on `link` (steps x seconds per step); the
+    first local one if none reaches the target (a quick run)."""
+    reached = [r for r in _local_rows(steps) if r["target"] is not None]
+    if not reached:
+        return tuple(_local_rows(steps)[0]["key"])
+
+    def seconds(row):
+        return row["target"]["steps"] * cells[row["config"], link]["median"]
+
+    return tuple(min(reached, key=seconds)["key"])
+
+
+# The cost model.
+
+
+def fit_cost(timings, cells, meta):
+    """The cost model fitted on the unshaped link's cells (or, without one,
+    on the first link's, its transfer time taken out)."""
+    link = "unshaped" if "unshaped" in meta["links"] else meta["links"][0]
+    bandwidth = netns.LINKS[link].bits_per_second
+    measurements = [
+        (
+            t["period"],
+            meta["steps_per_execution"],
+            cells[t["config"], link]["median"],
+        )
+        for t in timings
+        if t["communication_dtype"] is None
+    ]
+    model_bytes = timings[0]["bytes_per_round"]
+    cost = cost_model.fit_step_cost(
+        measurements, model_bytes, agn_rounds.WORKERS, bandwidth=bandwidth
+    )
+    return link, cost
+
+
+def predicted(cost, timing, link, meta):
+    """The cost model's seconds per step for `timing`'s configuration."""
+    config_cost = dataclasses.replace(
+        cost, model_bytes=timing["bytes_per_round"]
+    )
+    return config_cost.step_seconds(
+        timing["period"],
+        netns.LINKS[link].bits_per_second,
+        meta["steps_per_execution"],
+    )
+
+
+def crossing(points):
+    """Where speed-ups `(bandwidth, speed_up)` cross 1, interpolated in
+    log-log; None if they never do."""
+    points = sorted(points)
+    for (b0, s0), (b1, s1) in zip(points, points[1:]):
+        if (s0 - 1) * (s1 - 1) <= 0 and s0 != s1:
+            t = math.log(s0) / (math.log(s0) - math.log(s1))
+            return math.exp(math.log(b0) + t * (math.log(b1) - math.log(b0)))
+    return None
+
+
+# The report.
+
+
+def _ms(seconds):
+    return f"{1e3 * seconds:.1f}"
+
+
+def _bandwidth(bits):
+    return "-" if bits is None else cost_model.format_bandwidth(bits)
+
+
+def _reach_text(point):
+    if point is None:
+        return "not reached"
+    return f"{point['steps']:,} ({point['epoch']}), {point['all_reduces']:,}"
+
+
+def steps_table(steps):
+    sync = steps["rows"][agn_rounds.config_name("sync", 1)]
+    lines = [
+        "| config | seeds | final accuracy, mean (min-max) | epochs "
+        f"| to target {steps['target']:.4f}: steps (epoch), all-reduces "
+        "| steps vs synchronous "
+        f"| to strict target {steps['strict']:.4f}: steps (epoch), "
+        "all-reduces |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for name, row in steps["rows"].items():
+        final = row["final"]
+        factor = "-"
+        if row["target"] and sync["target"]:
+            factor = f"{row['target']['steps'] / sync['target']['steps']:.2f}"
+        lines.append(
+            f"| {name} | {row['seeds']} | {final['mean']:.4f} "
+            f"({final['low']:.4f}-{final['high']:.4f}) | {final['epoch']} "
+            f"| {_reach_text(row['target'])} | {factor} "
+            f"| {_reach_text(row['strict'])} |"
+        )
+    return "\n".join(lines)
+
+
+def time_rows(steps, timings, cells, cost, meta):
+    """Per link and configuration: measured and predicted ms per step,
+    time to target, speed-up over synchronous training."""
+    rows = []
+    sync_name = agn_rounds.config_name("sync", 1)
+    for link in meta["links"]:
+        sync_point = steps["rows"][sync_name]["target"]
+        sync_time = None
+        if sync_point is not None:
+            sync_time = sync_point["steps"] * cells[sync_name, link]["median"]
+        for timing in timings:
+            name = timing["config"]
+            cell = cells[name, link]
+            row = steps["rows"][name]
+            point = row["target"]
+            to_target = (
+                None if point is None else point["steps"] * cell["median"]
+            )
+            speed_up = None
+            if to_target is not None and sync_time is not None:
+                speed_up = sync_time / to_target
+            guess = predicted(cost, timing, link, meta)
+            rows.append(
+                {
+                    "link": link,
+                    "config": name,
+                    "period": timing["period"],
+                    "cell": cell,
+                    "predicted": guess,
+                    "error": guess / cell["median"] - 1,
+                    "to_target": to_target,
+                    "speed_up": speed_up,
+                    "final": row["final"]["mean"],
+                    "steps": None if point is None else point["steps"],
+                }
+            )
+    return rows
+
+
+def time_table(rows):
+    lines = [
+        "| link | config | ms/step, median (min-max) | predicted (error) "
+        "| steps to target | time to target, s | speed-up vs synchronous "
+        "| final accuracy |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        cell = row["cell"]
+        to_target = (
+            "-" if row["to_target"] is None else f"{row['to_target']:.1f}"
+        )
+        speed_up = "-" if row["speed_up"] is None else f"{row['speed_up']:.1f}x"
+        steps = "not reached" if row["steps"] is None else f"{row['steps']:,}"
+        lines.append(
+            f"| {netns.LINKS[row['link']].name} | {row['config']} "
+            f"| {_ms(cell['median'])} ({_ms(cell['low'])}-{_ms(cell['high'])}) "
+            f"| {_ms(row['predicted'])} ({100 * row['error']:+.0f}%) "
+            f"| {steps} | {to_target} | {speed_up} | {row['final']:.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def end_to_end_rows(data, steps, cells):
+    rows = []
+    for run in data["end_to_end"]:
+        row = steps["rows"][run["config"]]
+        cell = cells[run["config"], run["link"]]
+        seed_0 = row["seed_0"]
+        product = None if seed_0 is None else seed_0["steps"] * cell["median"]
+        same = [r["accuracy"] for r in run["records"]] == [
+            r["accuracy"] for r in row["seed_0_records"][: len(run["records"])]
+        ]
+        ratio = None
+        if product is not None and run["seconds"] is not None:
+            ratio = run["seconds"] / product
+        rows.append(
+            {
+                "config": run["config"],
+                "link": run["link"],
+                "epoch": run["reached_epoch"],
+                "seconds": run["seconds"],
+                "product": product,
+                "ratio": ratio,
+                "same": same,
+            }
+        )
+    return rows
+
+
+def end_to_end_table(rows):
+    lines = [
+        "| config | link | epoch reached (seed 0) | wall-clock to target, s "
+        "| steps x ms/step, s | measured / product | within 15% "
+        "| accuracies equal the steps-to-target run |",
+        "|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for row in rows:
+        if row["ratio"] is None:
+            seconds = "-" if row["seconds"] is None else f"{row['seconds']:.1f}"
+            product = "-" if row["product"] is None else f"{row['product']:.1f}"
+            measured = f"| {seconds} | {product} | - | - "
+        else:
+            within = abs(row["ratio"] - 1) <= END_TO_END_TOLERANCE
+            measured = (
+                f"| {row['seconds']:.1f} | {row['product']:.1f} "
+                f"| {row['ratio']:.2f} | {'yes' if within else 'NO'} "
+            )
+        lines.append(
+            f"| {row['config']} | {netns.LINKS[row['link']].name} "
+            f"| {row['epoch'] or 'not reached'} {measured}"
+            f"| {'yes' if row['same'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def step_factor(steps, name):
+    """A configuration's steps to the target over synchronous training's."""
+    sync = steps["rows"][agn_rounds.config_name("sync", 1)]["target"]
+    point = steps["rows"][name]["target"]
+    if sync is None or point is None:
+        return None
+    return point["steps"] / sync["steps"]
+
+
+def break_even_table(steps, timings, rows, cost, meta):
+    lines = [
+        "| config | step factor | measured speed-ups (link: x) "
+        "| break-even bandwidth, measured | cost model |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for timing in timings:
+        name = timing["config"]
+        factor = step_factor(steps, name)
+        if timing["period"] == 1 or factor is None:
+            continue
+        measured = measured_speed_ups(rows, name)
+        crossed = crossing(measured)
+        if crossed is not None:
+            measured_text = _bandwidth(crossed)
+        elif all(s > 1 for _, s in measured):
+            measured_text = "above every link"
+        else:
+            measured_text = "below every link"
+        model = dataclasses.replace(cost, model_bytes=timing["bytes_per_round"])
+        even = model.break_even_bandwidth(timing["period"], factor)
+        speed_ups = ", ".join(
+            f"{r['link']}: {r['speed_up']:.1f}"
+            for r in rows
+            if r["config"] == name and r["speed_up"] is not None
+        )
+        lines.append(
+            f"| {name} | {factor:.2f} | {speed_ups} | {measured_text} "
+            f"| {_bandwidth(even)} |"
+        )
+    return "\n".join(lines)
+
+
+def measured_speed_ups(rows, name):
+    """`(bits per second, speed-up)` of configuration `name` on each link
+    (the unshaped one at `UNSHAPED_BITS`)."""
+    return [
+        (
+            netns.LINKS[r["link"]].bits_per_second or UNSHAPED_BITS,
+            r["speed_up"],
+        )
+        for r in rows
+        if r["config"] == name and r["speed_up"] is not None
+    ]
+
+
+def extrapolation_table(cost, period, factor, large_compute):
+    """AGN at `period` needing `factor` times the steps, against
+    synchronous training, for more workers on faster links (each worker
+    its own network card)."""
+    lines = [
+        "| model | workers | link (per worker) | synchronous ms/step "
+        f"| AGN p={period} ms/step | speed-up | break-even period "
+        f"| AGN p={period} wins below |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    models = (
+        (
+            f"{mnist_mlp.NAME} ({cost.model_bytes / 1e6:.2f} MB), compute "
+            f"{_ms(cost.compute_seconds)} ms",
+            cost.model_bytes,
+            cost.compute_seconds,
+        ),
+        (
+            f"100 MB, compute {large_compute:g} ms",
+            LARGE_MODEL_BYTES,
+            large_compute / 1e3,
+        ),
+    )
+    for label, model_bytes, compute in models:
+        for workers in EXTRAPOLATION_WORKERS:
+            for bandwidth in EXTRAPOLATION_BANDWIDTHS:
+                model = dataclasses.replace(
+                    cost,
+                    compute_seconds=compute,
+                    model_bytes=model_bytes,
+                    workers=workers,
+                    shared_link=False,
+                )
+                even = model.break_even_period(bandwidth, factor)
+                below = model.break_even_bandwidth(period, factor)
+                lines.append(
+                    f"| {label} | {workers} | {_bandwidth(bandwidth)} "
+                    f"| {_ms(model.step_seconds(1, bandwidth))} "
+                    f"| {_ms(model.step_seconds(period, bandwidth))} "
+                    f"| {model.speed_up(period, bandwidth, factor):.1f}x "
+                    f"| {even or 'none'} | {_bandwidth(below)} |"
+                )
+    return "\n".join(lines)
+
+
+def goal_line(rows):
+    """Whether some AGN configuration reaches the target `GOAL` times
+    sooner than synchronous training on `GOAL_LINK`."""
+    link = netns.LINKS[GOAL_LINK].name
+    local = [
+        r
+        for r in rows
+        if r["link"] == GOAL_LINK and r["period"] > 1 and r["speed_up"]
+    ]
+    if not local:
+        return f"\nGoal (at {link}): no AGN configuration reached the target."
+    best = max(local, key=lambda r: r["speed_up"])
+    verdict = "met" if best["speed_up"] >= GOAL else "MISSED"
+    return (
+        f"\nGoal (at {link}, some AGN configuration at least {GOAL:g}x "
+        f"sooner to the target than synchronous training): {best['config']}, "
+        f"{best['speed_up']:.1f}x: {verdict}."
+    )
+
+
+def report(data, args):
+    """Prints the tables and draws the figures of a run's records."""
+    meta = data["meta"]
+    for timing in data["timings"]:
+        timing.setdefault("steps_per_epoch", meta["steps_per_epoch"])
+    steps = analyse_steps(data["runs"])
+    cells = time_cells(data["timings"])
+    fit_link, cost = fit_cost(data["timings"], cells, meta)
+    rows = time_rows(steps, data["timings"], cells, cost, meta)
+    print(
+        f"\nTensorFlow {meta['tensorflow']}, Keras {meta['keras']}; "
+        f"{agn_rounds.WORKERS} workers; wall time {meta['wall_s']:.0f} s "
+        f"(training {meta['seconds']:.0f} s). {meta['train_size']:,} "
+        f"training and {meta['held_out_size']:,} held-out digits, global "
+        f"batch {meta['global_batch']}, steps_per_execution "
+        f"{meta['steps_per_execution']}; learning rates "
+        + ", ".join(f"{rule} {lr:g}" for rule, lr in meta["lr"].items())
+        + "."
+    )
+    if not meta["shaped"]:
+        print("No shaped link: the unshaped loopback only (no root).")
+    for link in meta["links"]:
+        print(f"Link {netns.LINKS[link].describe()}.")
+    print(
+        f"\nSteps to target (unshaped link; steps are each worker's local "
+        f"steps). Target {steps['target']:.4f}: synchronous training's "
+        f"final mean less {100 * POINTS_BELOW:g} points.\n"
+    )
+    print(steps_table(steps))
+    print(
+        f"\nTime per step and to target (seed 0 timed; whole periods, "
+        f"{meta['plan']['repeats']} repeats interleaved). Predicted: the "
+        f"cost model fitted on the {netns.LINKS[fit_link].name} link: "
+        f"compute {_ms(cost.compute_seconds)} ms per step, "
+        f"{_ms(cost.hop_seconds)} ms per ring step "
+        f"({_ms(cost.collective_overhead)} ms per collective).\n"
+    )
+    print(time_table(rows))
+    worst = max(abs(r["error"]) for r in rows)
+    print(
+        f"\nLargest prediction error: {100 * worst:.0f}% "
+        f"({'within' if worst <= PREDICTION_TOLERANCE else 'NOT within'} "
+        f"{100 * PREDICTION_TOLERANCE:.0f}%)."
+    )
+    e2e = end_to_end_rows(data, steps, cells)
+    print("\nEnd to end (seed 0; evaluation left out of the clock):\n")
+    print(end_to_end_table(e2e))
+    print("\nBreak-even: AGN is faster to the target below this bandwidth.\n")
+    print(break_even_table(steps, data["timings"], rows, cost, meta))
+    print(goal_line(rows))
+    fastest = e2e[-1]["config"]
+    factor = step_factor(steps, fastest)
+    period = steps["rows"][fastest]["period"]
+    if factor is not None:
+        print(
+            f"\nExtrapolated by the cost model (not measured): {fastest}'s "
+            f"period ({period}) and step factor ({factor:.2f}), each worker "
+            f"with a network card of its own; the hop overhead as fitted.\n"
+        )
+        print(
+            extrapolation_table(
+                cost, period, factor, args.large_model_compute_ms
+            )
+        )
+    figures(data, steps, rows, cost, args.figures)
+
+
+def figures(data, steps, rows, cost, directory):
+    """`wan_accuracy.png` (accuracy against seconds, per link) and
+    `wan_speed_up.png` (speed-up against bandwidth, measured and modelled,
+    the break-even marked)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    meta = data["meta"]
+    links = meta["links"]
+    os.makedirs(directory, exist_ok=True)
+    fig, axes = plt.subplots(
+        1, len(links), figsize=(4.5 * len(links), 4), squeeze=False
+    )
+    seconds = {(r["config"], r["link"]): r["cell"]["median"] for r in rows}
+    for ax, link in zip(axes[0], links):
+        for name, curve in steps["curves"].items():
+            ax.plot(
+                [p["steps"] * seconds[name, link] for p in curve],
+                [p["mean"] for p in curve],
+                label=name,
+            )
+        ax.axhline(steps["target"], color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_title(netns.LINKS[link].name)
+        ax.set_xlabel("training seconds (steps x ms/step)")
+        ax.set_ylim(0.85, 0.96)
+    axes[0][0].set_ylabel("held-out accuracy, mean of seeds")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    accuracy_path = os.path.join(directory, "wan_accuracy.png")
+    fig.savefig(accuracy_path, dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    grid = [10 ** (6 + i / 20) for i in range(0, 91)]
+    for timing in data["timings"]:
+        name = timing["config"]
+        factor = step_factor(steps, name)
+        if timing["period"] == 1 or factor is None:
+            continue
+        model = dataclasses.replace(cost, model_bytes=timing["bytes_per_round"])
+        line = ax.plot(
+            grid,
+            [model.speed_up(timing["period"], b, factor) for b in grid],
+            linewidth=1,
+        )[0]
+        measured = measured_speed_ups(rows, name)
+        ax.plot(*zip(*measured), "o", color=line.get_color(), label=name)
+        even = model.break_even_bandwidth(timing["period"], factor)
+        if 0 < even < math.inf:
+            ax.axvline(even, color=line.get_color(), linestyle=":", linewidth=1)
+    ax.axhline(1, color="grey", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(
+        "link, bits/s (shared by both workers; unshaped at ~20 Gbit/s)"
+    )
+    ax.set_ylabel("speed-up to target over synchronous")
+    ax.set_title("measured (dots), cost model (lines), break-even (dotted)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    speed_up_path = os.path.join(directory, "wan_speed_up.png")
+    fig.savefig(speed_up_path, dpi=100)
+    plt.close(fig)
+    print(f"\nWrote {accuracy_path}, {speed_up_path}.")

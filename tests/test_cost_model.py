@@ -1,0 +1,191 @@
+"""The cost model's time per step, speed-up and break-even, against the
+formulas worked by hand for the MLP of bench/wan.py."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from keras_clones import cost_model
+from keras_clones.cost_model import StepCost
+
+MLP_BYTES = 1_077_288  # MLP 784-256-256-10 in float32.
+MBIT_100 = 100e6
+
+
+def mlp_cost(**overrides):
+    values = dict(
+        compute_seconds=0.003,
+        hop_seconds=0.004,
+        model_bytes=MLP_BYTES,
+        workers=2,
+    )
+    values.update(overrides)
+    return StepCost(**values)
+
+
+def test_ring_bytes_through_one_shared_queue_and_through_each_card():
+    # 2 workers share one queue: each sends its model once (reduce-scatter
+    # and all-gather, half each), so the queue carries 2 models.
+    assert cost_model.ring_bytes(MLP_BYTES, 2) == 2 * MLP_BYTES
+    assert cost_model.ring_bytes(MLP_BYTES, 2, shared_link=False) == MLP_BYTES
+    # 8 workers, own cards: 2 x 7 / 8 of the model each; shared: 14 models.
+    assert cost_model.ring_bytes(800, 8, shared_link=False) == 1400
+    assert cost_model.ring_bytes(800, 8) == 11200
+
+
+def test_round_at_100_mbit_is_the_overhead_plus_two_models_of_bits():
+    cost = mlp_cost()
+    # 2 (n - 1) = 2 ring steps of 4 ms, plus 2 x 1,077,288 bytes at 1e8 b/s.
+    assert cost.round_seconds(MBIT_100) == pytest.approx(
+        0.008 + 8 * 2 * MLP_BYTES / 1e8
+    )
+    assert cost.round_seconds(MBIT_100) == pytest.approx(0.18036608)
+    assert cost.round_seconds(None) == pytest.approx(0.008)
+
+
+def test_step_time_is_compute_plus_a_periods_share_of_the_round():
+    cost = mlp_cost()
+    synchronous = cost.step_seconds(1, MBIT_100)
+    assert synchronous == pytest.approx(0.003 + 0.18036608)
+    agn = cost.step_seconds(64, MBIT_100, steps_per_execution=40)
+    assert agn == pytest.approx(0.003 + 0.18036608 / 64 + 0.008 / 40)
+
+
+def test_speed_up_counts_agns_extra_steps():
+    cost = mlp_cost()
+    expected = (0.003 + 0.18036608) / (1.5 * (0.003 + 0.18036608 / 64))
+    assert cost.speed_up(64, MBIT_100, 1.5) == pytest.approx(expected)
+    assert cost.speed_up(64, MBIT_100, 1.5) == pytest.approx(21.01, abs=0.01)
+    # Without extra steps or rounds to save, no gain.
+    free = mlp_cost(hop_seconds=0.0)
+    assert free.speed_up(64, None, 1.0) == pytest.approx(1.0)
+
+
+def test_break_even_period_is_the_shortest_that_wins():
+    cost = mlp_cost()
+    # p >= 1.5 R / (R - 0.5 c) = 1.5 x 0.18037 / 0.17887 = 1.51: period 2.
+    assert cost.break_even_period(MBIT_100, 1.5) == 2
+    assert cost.speed_up(2, MBIT_100, 1.5) > 1 > cost.speed_up(1, MBIT_100, 1.5)
+    # A round cheaper than the extra compute: no period wins.
+    free = mlp_cost(hop_seconds=0.0)
+    assert free.break_even_period(None, 1.5) is None
+    # A slow step and a fast round: R = 8 ms, c = 100 ms, s = 1.05: margin
+    # 8 - 5 = 3 ms, p >= 1.05 x 8 / 3 = 2.8: period 3.
+    slow = mlp_cost(compute_seconds=0.1)
+    assert slow.break_even_period(None, 1.05) == 3
+    assert slow.speed_up(3, None, 1.05) > 1 > slow.speed_up(2, None, 1.05)
+
+
+def test_break_even_bandwidth_solves_for_the_link():
+    # Without overhead: AGN at p=64 with 1.5x the steps wins once a round
+    # costs 0.5 x 3 ms x 64 / 62.5 = 1.536 ms: 17.24 Mbit of ring traffic
+    # in 1.536 ms is 11.22 Gbit/s.
+    free = mlp_cost(hop_seconds=0.0)
+    bandwidth = free.break_even_bandwidth(64, 1.5)
+    assert bandwidth == pytest.approx(8 * 2 * MLP_BYTES / 0.001536)
+    assert free.speed_up(64, bandwidth, 1.5) == pytest.approx(1.0)
+    assert free.speed_up(64, bandwidth / 2, 1.5) > 1
+    # The 8 ms overhead alone is more than 1.536 ms: AGN wins on any link.
+    assert mlp_cost().break_even_bandwidth(64, 1.5) == math.inf
+    # A period no longer than the extra steps never wins.
+    assert mlp_cost().break_even_bandwidth(1, 1.0) == 0.0
+    assert mlp_cost().break_even_bandwidth(2, 2.0) == 0.0
+
+
+def test_fit_recovers_compute_and_overhead_from_times_per_step():
+    truth = mlp_cost()
+    measurements = [
+        (period, 40, truth.step_seconds(period, None, 40))
+        for period in (1, 16, 64)
+    ]
+    fitted = cost_model.fit_step_cost(measurements, MLP_BYTES, 2)
+    assert fitted.compute_seconds == pytest.approx(0.003)
+    assert fitted.hop_seconds == pytest.approx(0.004)
+    # On a shaped link, its transfer taken out.
+    shaped = [
+        (period, 40, truth.step_seconds(period, MBIT_100, 40))
+        for period in (1, 4)
+    ]
+    fitted = cost_model.fit_step_cost(shaped, MLP_BYTES, 2, bandwidth=MBIT_100)
+    assert fitted.compute_seconds == pytest.approx(0.003)
+    assert fitted.hop_seconds == pytest.approx(0.004)
+
+
+def test_parse_bandwidth_reads_tc_and_si_rates():
+    assert cost_model.parse_bandwidth("100mbit") == 1e8
+    assert cost_model.parse_bandwidth("1gbit") == 1e9
+    assert cost_model.parse_bandwidth("10Mbit/s") == 1e7
+    assert cost_model.parse_bandwidth("2.5g") == 2.5e9
+    assert cost_model.parse_bandwidth("1e9") == 1e9
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: mlp_cost(workers=1), ValueError, "`workers` must be"),
+        (lambda: mlp_cost(workers=2.0), ValueError, "`workers` must be"),
+        (lambda: mlp_cost(compute_seconds=0), ValueError, "compute_seconds"),
+        (lambda: mlp_cost(hop_seconds=-1), ValueError, "hop_seconds"),
+        (lambda: mlp_cost(model_bytes="1MB"), TypeError, "model_bytes"),
+        (lambda: mlp_cost().step_seconds(0, None), ValueError, "period"),
+        (lambda: mlp_cost().speed_up(4, None, 0.5), ValueError, "at least 1"),
+        (lambda: mlp_cost().round_seconds(0), ValueError, "bandwidth"),
+        (lambda: cost_model.parse_bandwidth("fast"), ValueError, "'fast'"),
+        (
+            lambda: cost_model.fit_step_cost([(4, 40, 0.01)], 1, 2),
+            ValueError,
+            "at least two different periods",
+        ),
+        (
+            # Slower with a longer period: no positive compute fits.
+            lambda: cost_model.fit_step_cost(
+                [(1, 40, 0.001), (64, 40, 0.05)], 1, 2
+            ),
+            ValueError,
+            "do not follow the model",
+        ),
+    ],
+)
+def test_bad_inputs_are_refused_with_what_to_pass(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_the_command_prints_times_and_break_even_without_tensorflow():
+    result = subprocess.run(
+        [
+            sys.executable,
+            *("-X", "importtime", "-m", "keras_clones.cost_model"),
+            *("--model-bytes", str(MLP_BYTES), "--compute-ms", "3"),
+            *("--hop-ms", "4", "--workers", "2", "--bandwidth", "100mbit"),
+            *("--period", "64", "--step-factor", "1.5"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "tensorflow" not in result.stderr  # -X importtime's list.
+    assert "keras_clones" in result.stderr
+    out = result.stdout
+    assert "round (one all-reduce): 180.4 ms" in out, out
+    assert "synchronous: 183.37 ms per step" in out, out
+    assert "AGN period 64: 5.82 ms per step" in out, out
+    assert "synchronous / AGN (x1.5 the steps): 21.01" in out, out
+    assert "break-even period at this bandwidth: 2" in out, out
+    assert "AGN period 64 is faster below: any bandwidth" in out, out
+
+
+def test_the_command_refuses_a_bad_bandwidth_in_one_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_clones.cost_model"]
+        + ["--model-bytes", "1", "--compute-ms", "3", "--workers", "2"]
+        + ["--bandwidth", "fast"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "Expected a positive bandwidth" in result.stderr, result.stderr
