@@ -68,6 +68,15 @@ class Link:
                 return float(self.rate[: -len(unit)]) * scale
         raise ValueError(f"Unknown rate unit in {self.rate!r}: use {units}.")
 
+    @property
+    def burst_bytes(self):
+        """The bucket's size in bytes (`tc`'s units: kb = 1024 bytes)."""
+        units = {"kb": 1024, "mb": 1024**2, "b": 1}
+        for unit, scale in units.items():
+            if self.burst.endswith(unit):
+                return float(self.burst[: -len(unit)]) * scale
+        raise ValueError(f"Unknown size unit in {self.burst!r}: use {units}.")
+
     def describe(self):
         """The rate, burst and queue bound, as a table's note says them."""
         if self.rate is None:

@@ -130,6 +130,15 @@ def best_for_16_bits(steps):
 # Time per step.
 
 
+def configs_to_time(steps, configs):
+    """Of `configs` (`(rule, period, dtype)`, synchronous training first),
+    synchronous training and those that reach the target; the first
+    local-step one if none does (a quick run)."""
+    reached = {tuple(r["key"]) for r in steps["rows"].values() if r["target"]}
+    chosen = [configs[0]] + [c for c in configs[1:] if c in reached]
+    return chosen if len(chosen) > 1 else configs[:2]
+
+
 def time_cells(timings):
     """Per `(configuration, link)`: seconds per step, the median over
     blocks of whole periods and executions, and the blocks' range."""
@@ -194,14 +203,17 @@ def fit_cost(timings, cells, meta):
 
 
 def predicted(cost, timing, link, meta):
-    """The cost model's seconds per step for `timing`'s configuration."""
+    """The cost model's seconds per step for `timing`'s configuration on
+    `link`, a token bucket whose burst refills between rounds."""
     config_cost = dataclasses.replace(
         cost, model_bytes=timing["bytes_per_round"]
     )
+    link = netns.LINKS[link]
     return config_cost.step_seconds(
         timing["period"],
-        netns.LINKS[link].bits_per_second,
+        link.bits_per_second,
         meta["steps_per_execution"],
+        burst_bytes=0.0 if link.rate is None else link.burst_bytes,
     )
 
 

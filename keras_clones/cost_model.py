@@ -120,24 +120,37 @@ class StepCost:
         """One collective's overhead: `2 (n - 1)` ring steps."""
         return 2 * (self.workers - 1) * self.hop_seconds
 
-    def round_seconds(self, bandwidth):
+    def round_seconds(self, bandwidth, burst_bytes=0.0, idle_seconds=math.inf):
         """One all-reduce of the model at `bandwidth` bits per second (None:
-        no limit, the overhead alone)."""
+        no limit, the overhead alone).
+
+        On a token-bucket link (`tc`'s `tbf`, a cloud machine's burst
+        allowance), the first `burst_bytes` pass at once if the bucket has
+        refilled, at the link's rate, during the `idle_seconds` since the
+        previous round; the rest at `bandwidth`.
+        """
         transfer = 0.0
         if bandwidth is not None:
             _positive("bandwidth", bandwidth)
-            bits = 8 * ring_bytes(
+            _positive("burst_bytes", burst_bytes, allow_zero=True)
+            queued = ring_bytes(
                 self.model_bytes, self.workers, self.shared_link
             )
-            transfer = bits / bandwidth
+            credit = min(burst_bytes, bandwidth * idle_seconds / 8)
+            transfer = 8 * max(0.0, queued - credit) / bandwidth
         return self.collective_overhead + transfer
 
-    def step_seconds(self, period, bandwidth, steps_per_execution=None):
+    def step_seconds(
+        self, period, bandwidth, steps_per_execution=None, burst_bytes=0.0
+    ):
         """One step at `period` (1: synchronous) and `bandwidth`, with one
         small collective per execution of `steps_per_execution` steps
-        (None: none)."""
+        (None: none), on a link with a token bucket of `burst_bytes` (0: a
+        plain link) that refills while a period's steps compute."""
         _check_period("period", period)
-        seconds = self.compute_seconds + self.round_seconds(bandwidth) / period
+        idle = period * self.compute_seconds
+        round_ = self.round_seconds(bandwidth, burst_bytes, idle)
+        seconds = self.compute_seconds + round_ / period
         if steps_per_execution is not None:
             seconds += self.collective_overhead / steps_per_execution
         return seconds

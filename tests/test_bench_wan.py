@@ -42,6 +42,8 @@ def test_help_needs_no_root_and_creates_nothing(tmp_path):
 
 def test_links_state_rate_burst_and_queue_bound():
     assert netns.LINKS["100mbit"].bits_per_second == 100e6
+    assert netns.LINKS["100mbit"].burst_bytes == 256 * 1024
+    assert netns.LINKS["1gbit"].burst_bytes == 1024**2
     assert netns.LINKS["1gbit"].bits_per_second == 1e9
     assert netns.LINKS["unshaped"].bits_per_second is None
     assert netns.LINKS["100mbit"].describe() == (
@@ -207,6 +209,9 @@ def test_targets_are_the_synchronous_final_mean_less_half_a_point():
     assert local["seed_0"]["epoch"] == 2
     assert wan_report.step_factor(steps, "averaging p=16") == 1.0
     assert wan_report.best_for_16_bits(steps) == ("average", 16, None)
+    # Timed: synchronous training and what reaches the target.
+    configs = [("sync", 1, None), ("average", 16, None), ("diloco", 64, None)]
+    assert wan_report.configs_to_time(steps, configs) == configs[:2]
 
 
 def test_measured_break_even_is_where_the_speed_ups_cross_one():

@@ -53,6 +53,22 @@ def test_step_time_is_compute_plus_a_periods_share_of_the_round():
     assert agn == pytest.approx(0.003 + 0.18036608 / 64 + 0.008 / 40)
 
 
+def test_a_token_bucket_passes_its_burst_once_it_has_refilled():
+    cost = mlp_cost()
+    burst = 256 * 1024
+    # Idle long enough to refill: the burst passes at once.
+    full = cost.round_seconds(MBIT_100, burst_bytes=burst)
+    assert full == pytest.approx(0.008 + 8 * (2 * MLP_BYTES - burst) / 1e8)
+    # 3 ms idle at 100 Mbit/s refill 37,500 bytes of it.
+    part = cost.round_seconds(MBIT_100, burst_bytes=burst, idle_seconds=0.003)
+    assert part == pytest.approx(0.008 + 8 * (2 * MLP_BYTES - 37500) / 1e8)
+    # A step's round idles for its period's compute: 64 x 3 ms.
+    step = cost.step_seconds(64, MBIT_100, burst_bytes=burst)
+    assert step == pytest.approx(0.003 + full / 64)
+    # A burst larger than the round: the overhead alone.
+    assert cost.round_seconds(MBIT_100, burst_bytes=1e9) == pytest.approx(0.008)
+
+
 def test_speed_up_counts_agns_extra_steps():
     cost = mlp_cost()
     expected = (0.003 + 0.18036608) / (1.5 * (0.003 + 0.18036608 / 64))
@@ -132,6 +148,11 @@ def test_parse_bandwidth_reads_tc_and_si_rates():
         (lambda: mlp_cost().step_seconds(0, None), ValueError, "period"),
         (lambda: mlp_cost().speed_up(4, None, 0.5), ValueError, "at least 1"),
         (lambda: mlp_cost().round_seconds(0), ValueError, "bandwidth"),
+        (
+            lambda: mlp_cost().round_seconds(1e8, burst_bytes=-1),
+            ValueError,
+            "burst_bytes",
+        ),
         (lambda: cost_model.parse_bandwidth("fast"), ValueError, "'fast'"),
         (
             lambda: cost_model.fit_step_cost([(4, 40, 0.01)], 1, 2),
