@@ -405,6 +405,17 @@ class Trainer:
 
         return score
 
+    def fit(self, model, seed, epochs, callbacks):
+        """Trains `model` on `seed`'s order of the data."""
+        model.fit(
+            self.dataset(seed),
+            epochs=epochs,
+            steps_per_epoch=self.steps_per_epoch,
+            callbacks=callbacks,
+            shuffle=False,  # The dataset shuffles.
+            verbose=0,
+        )
+
     def run(self, rule, period, dtype, seed, epochs, lr):
         keras = self.keras
         model, optimizer = self.build(rule, period, dtype, seed, lr)
@@ -423,16 +434,10 @@ class Trainer:
             )
 
         start = time.perf_counter()
-        model.fit(
-            self.dataset(seed),
-            epochs=epochs,
-            steps_per_epoch=self.steps_per_epoch,
-            callbacks=[
-                keras.callbacks.LambdaCallback(on_epoch_end=score_global_model)
-            ],
-            shuffle=False,  # The dataset shuffles.
-            verbose=0,
+        scoring = keras.callbacks.LambdaCallback(
+            on_epoch_end=score_global_model
         )
+        self.fit(model, seed, epochs, [scoring])
         seconds = time.perf_counter() - start
         run = {
             "config": config_name(rule, period, dtype),

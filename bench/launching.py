@@ -72,6 +72,9 @@ def run_process(command, timeout, env=None, on_line=None):
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         stopped = True
+    except BaseException:  # Ctrl-C: the session's processes go too.
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
     reader.join(10)
     if stopped:
         lines.append(f"(stopped after {timeout} s)")

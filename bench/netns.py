@@ -30,10 +30,12 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 
 PREFIX = "keras-clones-bench"
+_CAUGHT = (signal.SIGTERM, signal.SIGHUP)
 # Set in the environment of the processes run with `Namespace.command`: the
 # namespace they run in, for `shape_own_namespace`.
 ENV = "KERAS_CLONES_BENCH_NETNS"
@@ -71,7 +73,7 @@ class Link:
     @property
     def burst_bytes(self):
         """The bucket's size in bytes (`tc`'s units: kb = 1024 bytes)."""
-        units = {"kb": 1024, "mb": 1024**2, "b": 1}
+        units = {"kb": 1024, "mb": 1024**2, "k": 1024, "m": 1024**2, "b": 1}
         for unit, scale in units.items():
             if self.burst.endswith(unit):
                 return float(self.burst[: -len(unit)]) * scale
@@ -92,9 +94,9 @@ LINKS = {
     "unshaped": UNSHAPED,
     "1gbit": Link("1 Gbit/s", "1gbit", burst="1mb"),
     "100mbit": Link("100 Mbit/s", "100mbit"),
-    # 200 ms holds 250 KB at 10 Mbit/s, less than one worker's 1 MB share
-    # of a round: a longer bound keeps tbf from dropping (and TCP from
-    # waiting out retransmission timeouts).
+    # tbf queues rate x latency + burst: with 200 ms, 506 KB at 10 Mbit/s,
+    # less than one worker's 1 MB share of a round; a longer bound keeps
+    # tbf from dropping (and TCP from waiting out retransmission timeouts).
     "10mbit": Link("10 Mbit/s", "10mbit", latency="2s"),
 }
 
@@ -110,17 +112,27 @@ def missing_requirements():
 
 
 def _run(*command):
-    subprocess.run(command, check=True, capture_output=True, text=True)
+    """Runs `command`; its output, or a RuntimeError with its stderr."""
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"`{' '.join(command)}` failed (exit status "
+            f"{result.returncode}): {result.stderr.strip()}"
+        )
+    return result.stdout
 
 
 def _tc_shape(link, prefix=()):
     """Shapes the loopback of the namespace `prefix` runs in."""
     if link.rate is None:
-        # Back to no qdisc; deleting one that is not there fails harmlessly.
+        # Back to no qdisc: deleting none fails, so check what is left.
         subprocess.run(
             [*prefix, "tc", "qdisc", "del", "dev", "lo", "root"],
             capture_output=True,
         )
+        shown = _run(*prefix, "tc", "qdisc", "show", "dev", "lo")
+        if "tbf" in shown:
+            raise RuntimeError(f"The loopback is still shaped: {shown}")
         return
     _run(
         *prefix,
@@ -140,11 +152,13 @@ def shape_own_namespace(link):
         RuntimeError: This process is not in such a namespace.
     """
     expected = os.environ.get(ENV)
-    current = subprocess.run(
-        ["ip", "netns", "identify", str(os.getpid())],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    current = None
+    if expected:
+        current = subprocess.run(
+            ["ip", "netns", "identify", str(os.getpid())],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
     if not expected or current != expected:
         raise RuntimeError(
             f"Refusing to shape the loopback: this process runs in network "
@@ -164,7 +178,53 @@ def leftovers():
     return [name for name in names if name.startswith(PREFIX)]
 
 
-class _Terminated(Exception):
+def sweep_stale():
+    """Deletes this module's namespaces whose driver (the PID in the name)
+    is gone: those of a driver killed by SIGKILL, which cannot clean up."""
+    for name in leftovers():
+        pid = int(name[len(PREFIX) + 1 :].split("-")[0])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _delete(name)
+        except PermissionError:
+            pass
+
+
+def _delete(name):
+    """Kills every process in namespace `name`, then deletes it; a warning
+    with the command to finish by hand if that fails."""
+    deadline = time.monotonic() + _KILL_TIMEOUT
+    while (pids := _pids(name)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    result = subprocess.run(
+        ["ip", "netns", "del", name], capture_output=True, text=True
+    )
+    if pids or result.returncode != 0:
+        print(
+            f"bench/netns.py: could not clean up network namespace {name} "
+            f"(processes left: {pids or 'none'}; {result.stderr.strip()}). "
+            f"Run `ip netns pids {name} | xargs -r kill -9; ip netns del "
+            f"{name}`.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _pids(name):
+    """The processes in namespace `name`."""
+    listing = subprocess.run(
+        ["ip", "netns", "pids", name], capture_output=True, text=True
+    ).stdout
+    return [int(pid) for pid in listing.split()]
+
+
+class _Terminated(BaseException):
     """SIGTERM or SIGHUP, raised so that the namespace is deleted."""
 
 
@@ -177,8 +237,10 @@ class Namespace:
 
     Use it as a context manager. On leaving the block (normally, on an
     error, Ctrl-C, SIGTERM or SIGHUP), every process still in the namespace
-    is killed, then the namespace is deleted. Ctrl-C and the signals still
-    end the program, after the clean-up.
+    is killed, then the namespace is deleted; signals wait until that is
+    done. Ctrl-C and the signals still end the program, after the clean-up.
+    A driver killed outright (SIGKILL) cannot clean up: the next
+    `Namespace` deletes what it left (`sweep_stale`).
 
     Attributes:
         name: The namespace's unique name (`keras-clones-bench-PID-XXXXXX`).
@@ -192,7 +254,8 @@ class Namespace:
         self._handlers = {}
 
     def __enter__(self):
-        for signum in (signal.SIGTERM, signal.SIGHUP):
+        sweep_stale()
+        for signum in _CAUGHT:
             self._handlers[signum] = signal.signal(signum, _raise_terminated)
         try:
             _run("ip", "netns", "add", self.name)
@@ -208,7 +271,7 @@ class Namespace:
                 "up",
             )
         except BaseException:
-            self.__exit__(None, None, None)
+            self.__exit__(*sys.exc_info())
             raise
         return self
 
@@ -226,29 +289,15 @@ class Namespace:
 
     def pids(self):
         """The processes in the namespace."""
-        listing = subprocess.run(
-            ["ip", "netns", "pids", self.name], capture_output=True, text=True
-        ).stdout
-        return [int(pid) for pid in listing.split()]
-
-    def _kill_processes(self):
-        deadline = time.monotonic() + _KILL_TIMEOUT
-        while (pids := self.pids()) and time.monotonic() < deadline:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.1)
+        return _pids(self.name)
 
     def __exit__(self, exc_type, exc, traceback):
-        # A second Ctrl-C must not cut the clean-up short.
+        # A second Ctrl-C or signal must not cut the clean-up short.
         interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for signum in _CAUGHT:
+            signal.signal(signum, signal.SIG_IGN)
         try:
-            self._kill_processes()
-            subprocess.run(
-                ["ip", "netns", "del", self.name], capture_output=True
-            )
+            _delete(self.name)
         finally:
             signal.signal(signal.SIGINT, interrupt)
             for signum, handler in self._handlers.items():

@@ -55,19 +55,22 @@ Usage:
 """
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
 import sys
 import time
 
+import agn_rounds
 import flags
 import launching
 import netns
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORKER_FLAG = "--worker"
-RESULT, PROGRESS = "RESULT ", "PROGRESS "
+# The lines the chief prints: its progress (as agn_rounds.Trainer does).
+RESULT, PROGRESS = agn_rounds.RESULT, agn_rounds.PROGRESS
 WORKERS = 2
 LINKS = ("unshaped", "1gbit", "100mbit", "10mbit")
 # The quick run's links: the unshaped one, where the cost model is fitted,
@@ -181,18 +184,24 @@ def run(quick):
     """Runs the bench: its records, or None if it failed."""
     problem = netns.missing_requirements()
     links = list(QUICK_LINKS if quick else LINKS)
-    if problem is not None:
-        print(f"bench/wan.py {problem}: measuring the unshaped loopback only.")
-        links = ["unshaped"]
-    for name in links:
-        print(f"Link {netns.LINKS[name].describe()}.", flush=True)
     start = time.perf_counter()
-    if problem is None:
-        with netns.Namespace() as namespace:
+    with contextlib.ExitStack() as stack:
+        namespace = None
+        if problem is None:
+            try:
+                namespace = stack.enter_context(netns.Namespace())
+            except RuntimeError as error:
+                problem = f"cannot make a network namespace ({error})"
+        if problem is not None:
+            print(
+                f"bench/wan.py {problem}: measuring the unshaped loopback only."
+            )
+            links = ["unshaped"]
+        else:
             print(f"Network namespace {namespace.name}.", flush=True)
-            data = launch(links, quick, namespace)
-    else:
-        data = launch(links, quick, None)
+        for name in links:
+            print(f"Link {netns.LINKS[name].describe()}.", flush=True)
+        data = launch(links, quick, namespace)
     if data is not None:
         data["meta"]["wall_s"] = time.perf_counter() - start
     return data

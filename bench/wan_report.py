@@ -182,24 +182,20 @@ def fastest_local(steps, cells, link):
 
 
 def fit_cost(timings, cells, meta):
-    """The cost model fitted on the unshaped link's cells (or, without one,
-    on the first link's, its transfer time taken out)."""
-    link = "unshaped" if "unshaped" in meta["links"] else meta["links"][0]
-    bandwidth = netns.LINKS[link].bits_per_second
+    """The cost model fitted on the unshaped link's 32-bit cells, where
+    the bandwidth costs next to nothing."""
     measurements = [
         (
             t["period"],
             meta["steps_per_execution"],
-            cells[t["config"], link]["median"],
+            cells[t["config"], "unshaped"]["median"],
         )
         for t in timings
         if t["communication_dtype"] is None
     ]
-    model_bytes = timings[0]["bytes_per_round"]
-    cost = cost_model.fit_step_cost(
-        measurements, model_bytes, agn_rounds.WORKERS, bandwidth=bandwidth
+    return cost_model.fit_step_cost(
+        measurements, timings[0]["bytes_per_round"], agn_rounds.WORKERS
     )
-    return link, cost
 
 
 def predicted(cost, timing, link, meta):
@@ -404,16 +400,11 @@ def break_even_table(steps, timings, rows, cost, meta):
         factor = step_factor(steps, name)
         if timing["period"] == 1 or factor is None:
             continue
-        measured = measured_speed_ups(rows, name)
-        crossed = crossing(measured)
-        if crossed is not None:
-            measured_text = _bandwidth(crossed)
-        elif all(s > 1 for _, s in measured):
-            measured_text = "above every link"
-        else:
-            measured_text = "below every link"
+        measured_text = measured_break_even(rows, name)
         model = dataclasses.replace(cost, model_bytes=timing["bytes_per_round"])
-        even = model.break_even_bandwidth(timing["period"], factor)
+        even = model.break_even_bandwidth(
+            timing["period"], factor, meta["steps_per_execution"]
+        )
         speed_ups = ", ".join(
             f"{r['link']}: {r['speed_up']:.1f}"
             for r in rows
@@ -424,6 +415,31 @@ def break_even_table(steps, timings, rows, cost, meta):
             f"| {_bandwidth(even)} |"
         )
     return "\n".join(lines)
+
+
+def measured_break_even(rows, name):
+    """Where configuration `name`'s measured speed-ups cross 1, between
+    shaped links (the unshaped link's rate is not known)."""
+    shaped = [
+        (netns.LINKS[r["link"]].bits_per_second, r["speed_up"])
+        for r in rows
+        if r["config"] == name
+        and r["speed_up"] is not None
+        and netns.LINKS[r["link"]].rate is not None
+    ]
+    crossed = crossing(shaped)
+    if crossed is not None:
+        return _bandwidth(crossed)
+    unshaped = [
+        r["speed_up"]
+        for r in rows
+        if r["config"] == name and r["link"] == "unshaped" and r["speed_up"]
+    ]
+    if all(s > 1 for _, s in shaped):
+        if all(s > 1 for s in unshaped):
+            return "above every link: faster on all, unshaped too"
+        return "between the fastest shaped link and the unshaped one"
+    return "below every link"
 
 
 def measured_speed_ups(rows, name):
@@ -439,15 +455,16 @@ def measured_speed_ups(rows, name):
     ]
 
 
-def extrapolation_table(cost, period, factor, large_compute):
+def extrapolation_table(cost, period, factor, large_compute, execution):
     """AGN at `period` needing `factor` times the steps, against
     synchronous training, for more workers on faster links (each worker
-    its own network card)."""
+    its own network card), with the ring's per-hop overhead as fitted here
+    and without any (bandwidth alone)."""
     lines = [
-        "| model | workers | link (per worker) | synchronous ms/step "
-        f"| AGN p={period} ms/step | speed-up | break-even period "
-        f"| AGN p={period} wins below |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        "| model | hop overhead | workers | link (per worker) "
+        f"| synchronous ms/step | AGN p={period} ms/step | speed-up "
+        f"| break-even period | AGN p={period} wins below |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     models = (
         (
@@ -463,25 +480,39 @@ def extrapolation_table(cost, period, factor, large_compute):
         ),
     )
     for label, model_bytes, compute in models:
-        for workers in EXTRAPOLATION_WORKERS:
-            for bandwidth in EXTRAPOLATION_BANDWIDTHS:
-                model = dataclasses.replace(
-                    cost,
-                    compute_seconds=compute,
-                    model_bytes=model_bytes,
-                    workers=workers,
-                    shared_link=False,
-                )
-                even = model.break_even_period(bandwidth, factor)
-                below = model.break_even_bandwidth(period, factor)
-                lines.append(
-                    f"| {label} | {workers} | {_bandwidth(bandwidth)} "
-                    f"| {_ms(model.step_seconds(1, bandwidth))} "
-                    f"| {_ms(model.step_seconds(period, bandwidth))} "
-                    f"| {model.speed_up(period, bandwidth, factor):.1f}x "
-                    f"| {even or 'none'} | {_bandwidth(below)} |"
-                )
+        for hop in (cost.hop_seconds, 0.0):
+            for workers in EXTRAPOLATION_WORKERS:
+                for bandwidth in EXTRAPOLATION_BANDWIDTHS:
+                    model = dataclasses.replace(
+                        cost,
+                        compute_seconds=compute,
+                        hop_seconds=hop,
+                        model_bytes=model_bytes,
+                        workers=workers,
+                        shared_link=False,
+                    )
+                    lines.append(
+                        f"| {label} | {_ms(hop)} ms | {workers} "
+                        f"| {_bandwidth(bandwidth)} "
+                        + _extrapolated(
+                            model, period, bandwidth, factor, execution
+                        )
+                    )
     return "\n".join(lines)
+
+
+def _extrapolated(model, period, bandwidth, factor, execution):
+    """The table cells that `model` predicts (`execution`: steps per
+    execution)."""
+    even = model.break_even_period(bandwidth, factor, execution)
+    below = model.break_even_bandwidth(period, factor, execution)
+    speed_up = model.speed_up(period, bandwidth, factor, execution)
+    return (
+        f"| {_ms(model.step_seconds(1, bandwidth, execution))} "
+        f"| {_ms(model.step_seconds(period, bandwidth, execution))} "
+        f"| {speed_up:.1f}x "
+        f"| {even or 'none'} | {_bandwidth(below)} |"
+    )
 
 
 def goal_line(rows):
@@ -493,6 +524,8 @@ def goal_line(rows):
         for r in rows
         if r["link"] == GOAL_LINK and r["period"] > 1 and r["speed_up"]
     ]
+    if not any(r["link"] == GOAL_LINK for r in rows):
+        return f"\nGoal (at {link}): not measured (no shaped links)."
     if not local:
         return f"\nGoal (at {link}): no AGN configuration reached the target."
     best = max(local, key=lambda r: r["speed_up"])
@@ -511,7 +544,7 @@ def report(data, args):
         timing.setdefault("steps_per_epoch", meta["steps_per_epoch"])
     steps = analyse_steps(data["runs"])
     cells = time_cells(data["timings"])
-    fit_link, cost = fit_cost(data["timings"], cells, meta)
+    cost = fit_cost(data["timings"], cells, meta)
     rows = time_rows(steps, data["timings"], cells, cost, meta)
     print(
         f"\nTensorFlow {meta['tensorflow']}, Keras {meta['keras']}; "
@@ -536,7 +569,7 @@ def report(data, args):
     print(
         f"\nTime per step and to target (seed 0 timed; whole periods, "
         f"{meta['plan']['repeats']} repeats interleaved). Predicted: the "
-        f"cost model fitted on the {netns.LINKS[fit_link].name} link: "
+        f"cost model fitted on the unshaped link: "
         f"compute {_ms(cost.compute_seconds)} ms per step, "
         f"{_ms(cost.hop_seconds)} ms per ring step "
         f"({_ms(cost.collective_overhead)} ms per collective).\n"
@@ -554,18 +587,31 @@ def report(data, args):
     print("\nBreak-even: AGN is faster to the target below this bandwidth.\n")
     print(break_even_table(steps, data["timings"], rows, cost, meta))
     print(goal_line(rows))
-    fastest = e2e[-1]["config"]
-    factor = step_factor(steps, fastest)
-    period = steps["rows"][fastest]["period"]
+    # The 32-bit variant of the configuration run end to end.
+    rule, period, _ = steps["rows"][e2e[-1]["config"]]["key"]
+    fastest = steps["rows"][agn_rounds.config_name(rule, period)]
+    factor = step_factor(steps, fastest["config"])
+    period = fastest["period"]
     if factor is not None:
         print(
-            f"\nExtrapolated by the cost model (not measured): {fastest}'s "
+            f"\nExtrapolated by the cost model (not measured): "
+            f"{fastest['config']}'s bytes per round, "
             f"period ({period}) and step factor ({factor:.2f}), each worker "
-            f"with a network card of its own; the hop overhead as fitted.\n"
+            f"with a network card of its own; the ring's per-hop overhead "
+            f"as fitted here ({_ms(cost.hop_seconds)} ms: gRPC collectives "
+            f"of worker processes sharing 2 cores, likely far more than on a "
+            f"cluster) and none (bandwidth alone).\n"
+        )
+        model = dataclasses.replace(
+            cost, model_bytes=fastest["bytes_per_round"]
         )
         print(
             extrapolation_table(
-                cost, period, factor, args.large_model_compute_ms
+                model,
+                period,
+                factor,
+                args.large_model_compute_ms,
+                meta["steps_per_execution"],
             )
         )
     figures(data, steps, rows, cost, args.figures)
@@ -581,7 +627,7 @@ def figures(data, steps, rows, cost, directory):
     import matplotlib.pyplot as plt
 
     meta = data["meta"]
-    links = meta["links"]
+    links, execution = meta["links"], meta["steps_per_execution"]
     os.makedirs(directory, exist_ok=True)
     fig, axes = plt.subplots(
         1, len(links), figsize=(4.5 * len(links), 4), squeeze=False
@@ -589,6 +635,8 @@ def figures(data, steps, rows, cost, directory):
     seconds = {(r["config"], r["link"]): r["cell"]["median"] for r in rows}
     for ax, link in zip(axes[0], links):
         for name, curve in steps["curves"].items():
+            if (name, link) not in seconds:  # Not timed.
+                continue
             ax.plot(
                 [p["steps"] * seconds[name, link] for p in curve],
                 [p["mean"] for p in curve],
@@ -616,12 +664,15 @@ def figures(data, steps, rows, cost, directory):
         model = dataclasses.replace(cost, model_bytes=timing["bytes_per_round"])
         line = ax.plot(
             grid,
-            [model.speed_up(timing["period"], b, factor) for b in grid],
+            [
+                model.speed_up(timing["period"], b, factor, execution)
+                for b in grid
+            ],
             linewidth=1,
         )[0]
         measured = measured_speed_ups(rows, name)
         ax.plot(*zip(*measured), "o", color=line.get_color(), label=name)
-        even = model.break_even_bandwidth(timing["period"], factor)
+        even = model.break_even_bandwidth(timing["period"], factor, execution)
         if 0 < even < math.inf:
             ax.axvline(even, color=line.get_color(), linestyle=":", linewidth=1)
     ax.axhline(1, color="grey", linewidth=1)
@@ -631,7 +682,9 @@ def figures(data, steps, rows, cost, directory):
         "link, bits/s (shared by both workers; unshaped at ~20 Gbit/s)"
     )
     ax.set_ylabel("speed-up to target over synchronous")
-    ax.set_title("measured (dots), cost model (lines), break-even (dotted)")
+    ax.set_title(
+        "measured (dots); cost model, plain link (lines); break-even (dotted)"
+    )
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     fig.tight_layout()

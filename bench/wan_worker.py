@@ -4,6 +4,7 @@ namespace whose loopback the chief worker shapes.
 Imported by `wan.py --worker` once `MultiWorkerMirroredStrategy` exists.
 """
 
+import math
 import time
 
 import agn_rounds
@@ -16,12 +17,12 @@ import keras_clones
 
 class LinkSchedule(keras.callbacks.Callback):
     """Before each epoch, the link `links[epoch]`; records each epoch's
-    wall time as `(link, seconds)` in `epochs`."""
+    wall time as `(link, seconds)` in `epoch_seconds`."""
 
     def __init__(self, links, trainer):
         super().__init__()
         self.links, self.trainer = links, trainer
-        self.epochs = []
+        self.epoch_seconds = []
 
     def on_epoch_begin(self, epoch, logs=None):
         self.trainer.use_link(self.links[epoch])
@@ -29,10 +30,10 @@ class LinkSchedule(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self.start
-        self.epochs.append((self.links[epoch], seconds))
+        self.epoch_seconds.append((self.links[epoch], seconds))
 
 
-class Clock(keras.callbacks.Callback):
+class TimeToTarget(keras.callbacks.Callback):
     """Training's wall-clock with scoring left out; stops `fit` at the
     first epoch whose global model reaches `target` (the chief's decision,
     on every worker)."""
@@ -84,16 +85,6 @@ class WanTrainer(agn_rounds.Trainer):
         self.agree(0)
         self.link = link
 
-    def fit(self, model, seed, epochs, callbacks):
-        model.fit(
-            self.dataset(seed),
-            epochs=epochs,
-            steps_per_epoch=self.steps_per_epoch,
-            callbacks=callbacks,
-            shuffle=False,  # The dataset shuffles.
-            verbose=0,
-        )
-
     def time_steps(self, config, lr, links, plan):
         """One model (seed 0) trained on `links` in turn, `plan["repeats"]`
         times, after a warm-up epoch on the unshaped link; each epoch's
@@ -101,7 +92,8 @@ class WanTrainer(agn_rounds.Trainer):
         rule, period, dtype = config
         model, optimizer = self.build(rule, period, dtype, 0, lr)
         epochs = wan_report.plan_epochs(period, self.steps_per_epoch, plan)
-        schedule = ["unshaped"]  # The warm-up epoch (tracing).
+        # Warm up (trace, and set up the round's collective) unshaped.
+        schedule = ["unshaped"] * self.warm_up_epochs(period)
         for _ in range(plan["repeats"]):
             for link in links:
                 schedule += [link] * epochs
@@ -116,13 +108,19 @@ class WanTrainer(agn_rounds.Trainer):
             "bytes_per_round": optimizer.bytes_per_round,
             "steps_per_epoch": self.steps_per_epoch,
             "block_epochs": block // self.steps_per_epoch,
-            "epochs": schedule_callback.epochs[1:],
+            "epochs": schedule_callback.epoch_seconds[
+                self.warm_up_epochs(period) :
+            ],
         }
+
+    def warm_up_epochs(self, period):
+        """Epochs that trace the train function and run one round."""
+        return math.ceil(period / self.steps_per_epoch)
 
     def end_to_end(self, config, lr, link, target, epochs):
         """Wall-clock to `target` on `link` (seed 0), evaluation left out.
-        The train function is traced first, on a warm-up epoch on the
-        unshaped link whose training is then undone."""
+        The train function is traced first, and one round run, on the
+        unshaped link; that training is then undone."""
         rule, period, dtype = config
         model, optimizer = self.build(rule, period, dtype, 0, lr)
         state = {}
@@ -132,11 +130,13 @@ class WanTrainer(agn_rounds.Trainer):
             state["optimizer"] = [v.numpy() for v in optimizer.variables]
 
         warm_up = keras.callbacks.LambdaCallback(on_train_begin=snapshot)
-        self.fit(model, 0, 1, [warm_up])
+        self.fit(model, 0, self.warm_up_epochs(period), [warm_up])
         model.set_weights(state["model"])
         optimizer.set_weights(state["optimizer"])
         self.use_link(link)
-        clock = Clock(self.scorer(model, optimizer), optimizer, target, self)
+        clock = TimeToTarget(
+            self.scorer(model, optimizer), optimizer, target, self
+        )
         self.fit(model, 0, epochs, [clock])
         self.use_link("unshaped")
         return {
@@ -185,9 +185,13 @@ def main(strategy, plan, links, quick):
         train(configs[-1])
     steps = wan_report.analyse_steps(runs)
     # 2. Time per step on every link, of the configurations that reach the
-    # target (the others have no time to target).
+    # target (the others have no time to target): the chief's choice.
     timings = []
-    for config in wan_report.configs_to_time(steps, configs):
+    chosen = wan_report.configs_to_time(steps, configs)
+    mask = trainer.agree(
+        sum(1 << i for i, c in enumerate(configs) if c in chosen)
+    )
+    for config in [c for i, c in enumerate(configs) if mask >> i & 1]:
         timings.append(trainer.time_steps(config, lrs[config[0]], links, plan))
         progress(f"timed {timings[-1]['config']} on {', '.join(links)}")
     # 3. End to end: synchronous and the AGN configuration that the
@@ -199,7 +203,7 @@ def main(strategy, plan, links, quick):
     end_to_end = []
     for config in (configs[0], fastest):
         name = agn_rounds.config_name(*config)
-        epochs = steps["curves"][name][-1]["epoch"]
+        epochs = trainer.agree(steps["curves"][name][-1]["epoch"])
         end_to_end.append(
             trainer.end_to_end(
                 config, lrs[config[0]], link, steps["target"], epochs

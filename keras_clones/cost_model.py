@@ -31,7 +31,8 @@ break-even period and bandwidth follow (`StepCost.break_even_period`,
 or from the shell (no TensorFlow is imported):
 
     python -m keras_clones.cost_model --model-bytes 1077288 \\
-        --compute-ms 3 --workers 8 --bandwidth 1gbit --period 64
+        --compute-ms 3 --hop-ms 4 --workers 8 --bandwidth 1gbit \\
+        --period 64 --steps-per-execution 40
 
 Fit `compute_seconds` and `hop_seconds` to your own machine with
 `fit_step_cost` (times per step of a few periods on a fast link), and take
@@ -41,45 +42,116 @@ Fit `compute_seconds` and `hop_seconds` to your own machine with
 import argparse
 import dataclasses
 import math
+import numbers
+import operator
 import re
 import sys
 
 _RATE_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _RATE = re.compile(
-    r"^([0-9.]+(?:e[0-9+-]+)?)\s*([kmgt]?)(?:bit(?:/s)?|bps|b/s)?$"
+    r"^((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*([kmgt]?)(bit(?:/s)?)?$"
 )
 
 
 def parse_bandwidth(text):
-    """Bits per second from `"100mbit"`, `"1gbit"`, `"10Mbit/s"` or a number.
+    """Bits per second from `"100mbit"`, `"1gbit"`, `"10Mbit/s"` or a number
+    (`tc`'s rate units in bits; byte rates such as `"mbps"` are refused).
 
     Raises:
-        ValueError: `text` is not a positive rate.
+        ValueError: `text` is not a positive, finite rate in bits.
     """
     match = _RATE.match(str(text).strip().lower())
     value = float(match.group(1)) * _RATE_UNITS[match.group(2)] if match else 0
-    if value <= 0:
+    if not 0 < value < math.inf:
         raise ValueError(
-            f"Expected a positive bandwidth such as '100mbit', '1gbit' or "
-            f"1e9 (bits per second). Received: {text!r}."
+            "Expected a positive bandwidth in bits per second, such as "
+            "'100mbit', '1gbit', '10Mbit/s' or 1e9 (byte rates such as "
+            f"'mbps' or 'MB/s' are not accepted: multiply by 8). Received: "
+            f"{text!r}."
         )
     return value
+
+
+def _check_number(name, value, unit, zero=False, infinite=False):
+    """`value` as a float: a real number (not a bool) above 0 (or at it,
+    with `zero`), finite (unless `infinite`)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"`{name}` must be a number of {unit}. Received: {value!r} of "
+            f"type {type(value).__name__}."
+        )
+    value = float(value)
+    if math.isnan(value) or value < 0 or (value == 0 and not zero):
+        bound = ">= 0" if zero else "> 0"
+        raise ValueError(
+            f"`{name}` must be {bound}, in {unit}. Received: {value!r}."
+        )
+    if math.isinf(value) and not infinite:
+        raise ValueError(
+            f"`{name}` must be finite, in {unit}. Received: {value!r}."
+        )
+    return value
+
+
+def _check_count(name, value, minimum, why=""):
+    """`value` as an int (a Python or NumPy integer, not a bool) of at
+    least `minimum`."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"`{name}` must be an integer. Received: {value!r} of type "
+            f"{type(value).__name__}."
+        ) from None
+    if value < minimum:
+        raise ValueError(
+            f"`{name}` must be >= {minimum}{why}. Received: {value!r}."
+        )
+    return value
+
+
+def _check_workers(workers):
+    return _check_count(
+        "workers", workers, 2, " (one worker never synchronises)"
+    )
+
+
+def _check_shared_link(shared_link):
+    if not isinstance(shared_link, bool):
+        raise TypeError(
+            "`shared_link` must be True (all workers' traffic through one "
+            "queue) or False (a network card per worker). Received: "
+            f"{shared_link!r}."
+        )
+
+
+def _check_step_factor(step_factor):
+    step_factor = _check_number("step_factor", step_factor, "steps per step")
+    if step_factor < 1:
+        raise ValueError(
+            "`step_factor` is AGN's local steps to a target over synchronous "
+            f"training's, at least 1. Received: {step_factor!r}."
+        )
+    return step_factor
+
+
+def _check_steps_per_execution(steps_per_execution):
+    if steps_per_execution is None:
+        return None
+    return _check_count("steps_per_execution", steps_per_execution, 1)
 
 
 def ring_bytes(model_bytes, workers, shared_link=True):
     """The bytes one ring all-reduce of `model_bytes` puts through the
     narrowest queue: `2 (n - 1) / n` of the model through each worker's
     card, or `2 (n - 1)` models through one queue that all workers share."""
+    model_bytes = _check_number("model_bytes", model_bytes, "bytes")
+    workers = _check_workers(workers)
+    _check_shared_link(shared_link)
     per_worker = 2 * (workers - 1) / workers * model_bytes
     return per_worker * workers if shared_link else per_worker
-
-
-def _positive(name, value, allow_zero=False):
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"`{name}` must be a number. Received: {value!r}.")
-    if value < 0 or (value == 0 and not allow_zero) or math.isnan(value):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"`{name}` must be {bound}. Received: {value!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +160,9 @@ class StepCost:
 
     Args:
         compute_seconds: One local step's compute on one worker (forward,
-            backward and the optimizer's local update).
+            backward and the optimizer's local update), e.g. 0.003.
         hop_seconds: The per-collective overhead of one of the ring's
-            `2 (n - 1)` steps, bandwidth aside.
+            `2 (n - 1)` steps, bandwidth aside (0: bandwidth alone).
         model_bytes: The bytes each worker contributes to a round
             (`AGNOptimizer.bytes_per_round`).
         workers: The number of workers, at least 2.
@@ -106,14 +178,9 @@ class StepCost:
     shared_link: bool = True
 
     def __post_init__(self):
-        _positive("compute_seconds", self.compute_seconds)
-        _positive("hop_seconds", self.hop_seconds, allow_zero=True)
-        _positive("model_bytes", self.model_bytes)
-        if not isinstance(self.workers, int) or self.workers < 2:
-            raise ValueError(
-                "`workers` must be an integer >= 2 (one worker never "
-                f"synchronises). Received: {self.workers!r}."
-            )
+        _check_number("compute_seconds", self.compute_seconds, "seconds")
+        _check_number("hop_seconds", self.hop_seconds, "seconds", zero=True)
+        ring_bytes(self.model_bytes, self.workers, self.shared_link)
 
     @property
     def collective_overhead(self):
@@ -129,16 +196,24 @@ class StepCost:
         refilled, at the link's rate, during the `idle_seconds` since the
         previous round; the rest at `bandwidth`.
         """
-        transfer = 0.0
-        if bandwidth is not None:
-            _positive("bandwidth", bandwidth)
-            _positive("burst_bytes", burst_bytes, allow_zero=True)
-            queued = ring_bytes(
-                self.model_bytes, self.workers, self.shared_link
-            )
-            credit = min(burst_bytes, bandwidth * idle_seconds / 8)
-            transfer = 8 * max(0.0, queued - credit) / bandwidth
+        burst_bytes = _check_number("burst_bytes", burst_bytes, "bytes", True)
+        idle_seconds = _check_number(
+            "idle_seconds", idle_seconds, "seconds", zero=True, infinite=True
+        )
+        if bandwidth is None:
+            return self.collective_overhead
+        bandwidth = _check_number("bandwidth", bandwidth, "bits per second")
+        queued = ring_bytes(self.model_bytes, self.workers, self.shared_link)
+        credit = min(burst_bytes, bandwidth * idle_seconds / 8)
+        transfer = 8 * max(0.0, queued - credit) / bandwidth
         return self.collective_overhead + transfer
+
+    def _logs_overhead(self, steps_per_execution):
+        """The logs' collective, per step."""
+        steps_per_execution = _check_steps_per_execution(steps_per_execution)
+        if steps_per_execution is None:
+            return 0.0
+        return self.collective_overhead / steps_per_execution
 
     def step_seconds(
         self, period, bandwidth, steps_per_execution=None, burst_bytes=0.0
@@ -147,66 +222,61 @@ class StepCost:
         small collective per execution of `steps_per_execution` steps
         (None: none), on a link with a token bucket of `burst_bytes` (0: a
         plain link) that refills while a period's steps compute."""
-        _check_period("period", period)
+        period = _check_count("period", period, 1)
         idle = period * self.compute_seconds
         round_ = self.round_seconds(bandwidth, burst_bytes, idle)
-        seconds = self.compute_seconds + round_ / period
-        if steps_per_execution is not None:
-            seconds += self.collective_overhead / steps_per_execution
-        return seconds
+        logs = self._logs_overhead(steps_per_execution)
+        return self.compute_seconds + logs + round_ / period
 
-    def speed_up(self, period, bandwidth, step_factor=1.0):
+    def speed_up(
+        self, period, bandwidth, step_factor=1.0, steps_per_execution=None
+    ):
         """Synchronous training's time to a target over AGN's at `period`,
         which needs `step_factor` times the steps."""
-        _check_step_factor(step_factor)
-        synchronous = self.step_seconds(1, bandwidth)
-        return synchronous / (
-            step_factor * self.step_seconds(period, bandwidth)
-        )
+        step_factor = _check_step_factor(step_factor)
+        synchronous = self.step_seconds(1, bandwidth, steps_per_execution)
+        agn = self.step_seconds(period, bandwidth, steps_per_execution)
+        return synchronous / (step_factor * agn)
 
-    def break_even_period(self, bandwidth, step_factor):
+    def break_even_period(
+        self, bandwidth, step_factor, steps_per_execution=None
+    ):
         """The shortest period at which AGN reaches a target sooner than
-        synchronous training at `bandwidth`; None if no period does (a
-        round costs less than `(step_factor - 1) * compute`)."""
-        _check_step_factor(step_factor)
+        synchronous training at `bandwidth` (at least 2: period 1 is
+        synchronous training); None if no period does (a round costs no
+        more than `(step_factor - 1)` steps' compute)."""
+        step_factor = _check_step_factor(step_factor)
         round_ = self.round_seconds(bandwidth)
-        margin = round_ - (step_factor - 1) * self.compute_seconds
+        compute = self.compute_seconds + self._logs_overhead(
+            steps_per_execution
+        )
+        margin = round_ - (step_factor - 1) * compute
         if margin <= 0:
             return None
-        return max(1, math.ceil(step_factor * round_ / margin - 1e-9))
+        # Strictly sooner: the first integer above step_factor * round_ /
+        # margin (a tie is no gain).
+        return max(2, math.floor(step_factor * round_ / margin + 1e-9) + 1)
 
-    def break_even_bandwidth(self, period, step_factor):
+    def break_even_bandwidth(
+        self, period, step_factor, steps_per_execution=None
+    ):
         """The bandwidth (bits per second) below which AGN at `period`
         reaches a target sooner than synchronous training: `math.inf` if it
         does at any bandwidth (the overhead alone is enough), 0.0 if at
         none (`period <= step_factor`)."""
-        _check_period("period", period)
-        _check_step_factor(step_factor)
+        period = _check_count("period", period, 1)
+        step_factor = _check_step_factor(step_factor)
         if period <= step_factor:
             return 0.0
-        extra = step_factor - 1
-        needed = extra * self.compute_seconds * period / (period - step_factor)
+        compute = self.compute_seconds + self._logs_overhead(
+            steps_per_execution
+        )
+        needed = (step_factor - 1) * compute * period / (period - step_factor)
         transfer = needed - self.collective_overhead
         if transfer <= 0:
             return math.inf
         bits = 8 * ring_bytes(self.model_bytes, self.workers, self.shared_link)
         return bits / transfer
-
-
-def _check_period(name, period):
-    if not isinstance(period, int) or isinstance(period, bool) or period < 1:
-        raise ValueError(
-            f"`{name}` must be an integer >= 1. Received: {period!r}."
-        )
-
-
-def _check_step_factor(step_factor):
-    _positive("step_factor", step_factor)
-    if step_factor < 1:
-        raise ValueError(
-            "`step_factor` is AGN's local steps to a target over synchronous "
-            f"training's, at least 1. Received: {step_factor!r}."
-        )
 
 
 def fit_step_cost(
@@ -230,15 +300,16 @@ def fit_step_cost(
         The fitted `StepCost`.
 
     Raises:
-        ValueError: Fewer than two periods, or a fit that gives no positive
-            compute time or a negative overhead.
+        TypeError, ValueError: A measurement that is not such a triple,
+            fewer than two periods, or a fit that gives no positive compute
+            time or a negative overhead.
     """
     measurements = list(measurements)
     unit = StepCost(1.0, 0.0, model_bytes, workers, shared_link)
     transfer = unit.round_seconds(bandwidth)
     points = [
-        (1 / period + 1 / execution, seconds - transfer / period)
-        for period, execution, seconds in measurements
+        _fit_point(index, measurement, transfer)
+        for index, measurement in enumerate(measurements)
     ]
     xs = [x for x, _ in points]
     if len(set(xs)) < 2:
@@ -259,8 +330,25 @@ def fit_step_cost(
             "the model (both must be positive, and a longer period not "
             f"slower). Received: {measurements!r}."
         )
-    hop = slope / (2 * (workers - 1))
+    hop = slope / (2 * (unit.workers - 1))
     return StepCost(compute, hop, model_bytes, workers, shared_link)
+
+
+def _fit_point(index, measurement, transfer):
+    """`(collectives per step, seconds less the transfer)` of one
+    measurement."""
+    name = f"measurements[{index}]"
+    try:
+        period, execution, seconds = measurement
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"`{name}` must be a (period, steps_per_execution, "
+            f"seconds_per_step) triple. Received: {measurement!r}."
+        ) from None
+    period = _check_count(f"{name}'s period", period, 1)
+    execution = _check_count(f"{name}'s steps_per_execution", execution, 1)
+    seconds = _check_number(f"{name}'s seconds_per_step", seconds, "seconds")
+    return 1 / period + 1 / execution, seconds - transfer / period
 
 
 def format_bandwidth(bits):
@@ -270,7 +358,7 @@ def format_bandwidth(bits):
     if bits == 0:
         return "no bandwidth"
     for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
-        if bits >= scale:
+        if bits >= 0.9995 * scale:  # Not "1e+03 Mbit/s".
             return f"{bits / scale:.3g} {unit}"
     return f"{bits:.3g} bit/s"
 
@@ -323,9 +411,17 @@ def main(argv=None):
     parser.add_argument(
         "--hop-ms",
         type=float,
-        default=4.0,
-        help="per-collective overhead of one ring step, ms "
-        "(default 4, fitted in bench/wan.py)",
+        default=0.0,
+        help="per-collective overhead of one ring step, ms (default 0: "
+        "bandwidth alone; bench/wan.py fitted 7 on 2 processes sharing 2 "
+        "cores; fit yours with fit_step_cost)",
+    )
+    parser.add_argument(
+        "--steps-per-execution",
+        type=int,
+        default=1,
+        help="the model's steps_per_execution: one small collective (the "
+        "logs) per execution (default 1, Keras's)",
     )
     parser.add_argument(
         "--own-links",
@@ -342,11 +438,18 @@ def main(argv=None):
             args.workers,
             shared_link=not args.own_links,
         )
-        synchronous = cost.step_seconds(1, args.bandwidth)
-        agn = cost.step_seconds(args.period, args.bandwidth)
-        speed_up = cost.speed_up(args.period, args.bandwidth, args.step_factor)
-        period = cost.break_even_period(args.bandwidth, args.step_factor)
-        bandwidth = cost.break_even_bandwidth(args.period, args.step_factor)
+        execution = args.steps_per_execution
+        synchronous = cost.step_seconds(1, args.bandwidth, execution)
+        agn = cost.step_seconds(args.period, args.bandwidth, execution)
+        speed_up = cost.speed_up(
+            args.period, args.bandwidth, args.step_factor, execution
+        )
+        period = cost.break_even_period(
+            args.bandwidth, args.step_factor, execution
+        )
+        bandwidth = cost.break_even_bandwidth(
+            args.period, args.step_factor, execution
+        )
     except (TypeError, ValueError) as error:
         parser.error(str(error))
     round_ = cost.round_seconds(args.bandwidth)

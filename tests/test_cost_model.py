@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from keras_clones import cost_model
@@ -74,12 +75,26 @@ def test_speed_up_counts_agns_extra_steps():
     expected = (0.003 + 0.18036608) / (1.5 * (0.003 + 0.18036608 / 64))
     assert cost.speed_up(64, MBIT_100, 1.5) == pytest.approx(expected)
     assert cost.speed_up(64, MBIT_100, 1.5) == pytest.approx(21.01, abs=0.01)
-    # Without extra steps or rounds to save, no gain.
-    free = mlp_cost(hop_seconds=0.0)
-    assert free.speed_up(64, None, 1.0) == pytest.approx(1.0)
+    # The logs' collective once per execution slows both alike.
+    logs = 0.008 / 40
+    expected = (0.003 + logs + 0.18036608) / (
+        1.5 * (0.003 + logs + 0.18036608 / 64)
+    )
+    assert cost.speed_up(64, MBIT_100, 1.5, 40) == pytest.approx(expected)
 
 
-def test_break_even_period_is_the_shortest_that_wins():
+def test_break_even_period_is_the_shortest_that_wins_strictly():
+    # Compute 1 s, a round of 2 s: AGN at 1.5x the steps ties at period 2
+    # (1.5 x (1 + 2 / 2) = 1 + 2), so period 3 is the first that wins.
+    tie = StepCost(1.0, 1.0, 1000, 2)
+    assert tie.speed_up(2, None, 1.5) == pytest.approx(1.0)
+    assert tie.break_even_period(None, 1.5) == 3
+    assert tie.speed_up(3, None, 1.5) > 1
+    # With no extra steps any period above synchronous training's wins.
+    assert tie.break_even_period(None, 1.0) == 2
+
+
+def test_break_even_period_at_100_mbit():
     cost = mlp_cost()
     # p >= 1.5 R / (R - 0.5 c) = 1.5 x 0.18037 / 0.17887 = 1.51: period 2.
     assert cost.break_even_period(MBIT_100, 1.5) == 2
@@ -129,6 +144,13 @@ def test_fit_recovers_compute_and_overhead_from_times_per_step():
     assert fitted.hop_seconds == pytest.approx(0.004)
 
 
+def test_numpy_numbers_are_numbers():
+    cost = mlp_cost(workers=np.int64(8), model_bytes=np.float32(1e6))
+    assert cost.step_seconds(np.int64(4), np.float64(1e9)) == pytest.approx(
+        0.003 + (14 * 0.004 + 8 * 14e6 / 1e9) / 4  # 14 models shared.
+    )
+
+
 def test_parse_bandwidth_reads_tc_and_si_rates():
     assert cost_model.parse_bandwidth("100mbit") == 1e8
     assert cost_model.parse_bandwidth("1gbit") == 1e9
@@ -140,14 +162,47 @@ def test_parse_bandwidth_reads_tc_and_si_rates():
 @pytest.mark.parametrize(
     "call, error, message",
     [
-        (lambda: mlp_cost(workers=1), ValueError, "`workers` must be"),
-        (lambda: mlp_cost(workers=2.0), ValueError, "`workers` must be"),
+        (lambda: mlp_cost(workers=1), ValueError, "never synchronises"),
+        (lambda: mlp_cost(workers=2.0), TypeError, "`workers` must be an"),
         (lambda: mlp_cost(compute_seconds=0), ValueError, "compute_seconds"),
+        (lambda: mlp_cost(compute_seconds=True), TypeError, "of type bool"),
+        (lambda: mlp_cost(compute_seconds=math.inf), ValueError, "finite"),
         (lambda: mlp_cost(hop_seconds=-1), ValueError, "hop_seconds"),
+        (lambda: mlp_cost(hop_seconds=math.nan), ValueError, "hop_seconds"),
         (lambda: mlp_cost(model_bytes="1MB"), TypeError, "model_bytes"),
+        (lambda: mlp_cost(shared_link="yes"), TypeError, "shared_link"),
         (lambda: mlp_cost().step_seconds(0, None), ValueError, "period"),
+        (
+            lambda: mlp_cost().step_seconds(4, None, steps_per_execution=0),
+            ValueError,
+            "steps_per_execution",
+        ),
         (lambda: mlp_cost().speed_up(4, None, 0.5), ValueError, "at least 1"),
         (lambda: mlp_cost().round_seconds(0), ValueError, "bandwidth"),
+        (
+            lambda: mlp_cost().round_seconds(1e8, idle_seconds=-1),
+            ValueError,
+            "idle_seconds",
+        ),
+        (lambda: cost_model.ring_bytes(1000, 1), ValueError, "workers"),
+        (
+            lambda: cost_model.parse_bandwidth("100mbps"),
+            ValueError,
+            "multiply by 8",
+        ),
+        (lambda: cost_model.parse_bandwidth("1e999"), ValueError, "'1e999'"),
+        (
+            lambda: cost_model.fit_step_cost([(4, 40)], 1, 2),
+            TypeError,
+            r"measurements\[0\]",
+        ),
+        (
+            lambda: cost_model.fit_step_cost(
+                [(1, 40, 0.02), (0, 40, 0.01)], 1, 2
+            ),
+            ValueError,
+            r"measurements\[1\]'s period",
+        ),
         (
             lambda: mlp_cost().round_seconds(1e8, burst_bytes=-1),
             ValueError,
@@ -182,6 +237,7 @@ def test_the_command_prints_times_and_break_even_without_tensorflow():
             *("--model-bytes", str(MLP_BYTES), "--compute-ms", "3"),
             *("--hop-ms", "4", "--workers", "2", "--bandwidth", "100mbit"),
             *("--period", "64", "--step-factor", "1.5"),
+            *("--steps-per-execution", "40"),
         ],
         capture_output=True,
         text=True,
@@ -192,9 +248,10 @@ def test_the_command_prints_times_and_break_even_without_tensorflow():
     assert "keras_clones" in result.stderr
     out = result.stdout
     assert "round (one all-reduce): 180.4 ms" in out, out
-    assert "synchronous: 183.37 ms per step" in out, out
-    assert "AGN period 64: 5.82 ms per step" in out, out
-    assert "synchronous / AGN (x1.5 the steps): 21.01" in out, out
+    # With the logs' collective, 8 ms / 40, in each step.
+    assert "synchronous: 183.57 ms per step" in out, out
+    assert "AGN period 64: 6.02 ms per step" in out, out
+    assert "synchronous / AGN (x1.5 the steps): 20.33" in out, out
     assert "break-even period at this bandwidth: 2" in out, out
     assert "AGN period 64 is faster below: any bandwidth" in out, out
 
