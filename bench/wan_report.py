@@ -662,14 +662,13 @@ def figures(data, steps, rows, cost, directory):
         if timing["period"] == 1 or factor is None:
             continue
         model = dataclasses.replace(cost, model_bytes=timing["bytes_per_round"])
-        line = ax.plot(
-            grid,
-            [
-                model.speed_up(timing["period"], b, factor, execution)
-                for b in grid
-            ],
-            linewidth=1,
-        )[0]
+        # Against synchronous training in 32 bits (`cost`'s bytes).
+        modelled = [
+            cost.step_seconds(1, b, execution)
+            / (factor * model.step_seconds(timing["period"], b, execution))
+            for b in grid
+        ]
+        line = ax.plot(grid, modelled, linewidth=1)[0]
         measured = measured_speed_ups(rows, name)
         ax.plot(*zip(*measured), "o", color=line.get_color(), label=name)
         even = model.break_even_bandwidth(timing["period"], factor, execution)
