@@ -48,7 +48,7 @@ bench-agn-paper: setup
 	$(BIN)/python bench/agn_paper.py
 
 # Needs root, ip and tc for its shaped links (bench/netns.py); without
-# root it measures the unshaped loopback only. About 30 minutes.
+# root it measures the unshaped loopback only. About 27 minutes.
 bench-wan: setup
 	$(BIN)/python bench/wan.py
 

@@ -57,6 +57,7 @@ Usage:
 import argparse
 import contextlib
 import json
+import math
 import os
 import pathlib
 import sys
@@ -148,8 +149,11 @@ def parse_args(argv=None):
         "(default 100 ms)",
     )
     args = parser.parse_args(argv)
-    if args.large_model_compute_ms <= 0:
-        parser.error("--large-model-compute-ms must be > 0")
+    if not 0 < args.large_model_compute_ms < math.inf:
+        parser.error(
+            "--large-model-compute-ms must be a finite number of "
+            f"milliseconds > 0, received {args.large_model_compute_ms!r}"
+        )
     if args.figures is None:
         figures = ROOT / "bench" / "figures"
         args.figures = args.out if args.quick else str(figures)

@@ -43,6 +43,19 @@ def test_help_needs_no_root_and_creates_nothing(tmp_path):
         assert netns.leftovers() == before
 
 
+@pytest.mark.parametrize("value", ["0", "nan", "inf", "-5"])
+def test_a_bad_large_model_compute_time_is_refused_in_one_line(value):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "wan.py")]
+        + ["--large-model-compute-ms", value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "must be a finite number of milliseconds > 0" in result.stderr
+
+
 def test_links_state_rate_burst_and_queue_bound():
     assert netns.LINKS["100mbit"].bits_per_second == 100e6
     assert netns.LINKS["100mbit"].burst_bytes == 256 * 1024
