@@ -19,11 +19,13 @@ product end to end:
    configuration reaches a target at the first epoch whose mean over the
    seeds is at or above it; its steps are that epoch's local steps.
 2. *Time per step*, on each link of `bench/netns.py` (unshaped loopback,
-   1 Gbit/s, 100 Mbit/s, 10 Mbit/s, shared by both workers): the same
-   configurations, global batch and `steps_per_execution`, seed 0. One
-   model per configuration: one epoch to warm up (trace) on the unshaped
-   link, then the links in turn, twice (the repeats interleaved), each
-   time whole periods (at least 50 periods a cell over the repeats;
+   1 Gbit/s, 100 Mbit/s, 10 Mbit/s, shared by both workers): synchronous
+   training and the configurations that reach the target (the others have
+   no time to target), same global batch and `steps_per_execution`, seed
+   0. One model per configuration: a period (at least an epoch) to warm up
+   on the unshaped link (tracing, one round), then the links in turn,
+   twice (the repeats interleaved), each time whole periods (at least 50
+   periods a cell over the repeats;
    synchronous training: 80 steps), in blocks of whole periods and
    executions. The chief worker reshapes the link between epochs, between
    two barriers. ms per step: median over the blocks, and their range.
@@ -34,7 +36,7 @@ product end to end:
    configuration with the shortest time to the target there, seed 0,
    wall-clock until the global model reaches the target, held-out
    evaluation left out of the clock. The train function is traced first
-   (one epoch on the unshaped link, then the model and optimizer state
+   (a period on the unshaped link, then the model and optimizer state
    restored), so the clock holds training alone; the run's accuracies must
    equal the steps-to-target run of the same seed.
 

@@ -87,8 +87,8 @@ class WanTrainer(agn_rounds.Trainer):
 
     def time_steps(self, config, lr, links, plan):
         """One model (seed 0) trained on `links` in turn, `plan["repeats"]`
-        times, after a warm-up epoch on the unshaped link; each epoch's
-        wall time and link."""
+        times, after warming up for a period on the unshaped link; each
+        epoch's wall time and link."""
         rule, period, dtype = config
         model, optimizer = self.build(rule, period, dtype, 0, lr)
         epochs = wan_report.plan_epochs(period, self.steps_per_epoch, plan)
