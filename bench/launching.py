@@ -81,7 +81,7 @@ def run_process(command, timeout, env=None, on_line=None):
     return process.returncode, lines
 
 
-def run_launch(workers, arguments, timeout, env=None, on_line=None):
+def run_launch(workers, arguments, timeout, env=None, on_line=None, wrap=None):
     """Runs `launch.py --workers N --grace-period 10 ARGUMENTS...` as
     `run_process` runs a command: stopped with its workers after `timeout`
     seconds.
@@ -90,12 +90,16 @@ def run_launch(workers, arguments, timeout, env=None, on_line=None):
         workers: The number of workers.
         arguments: The script and its arguments, as strings.
         timeout, env, on_line: As for `run_process`.
+        wrap: A function from the command to the command to run (e.g.
+            `netns.Namespace.command`, to run it in a network namespace).
 
     Returns:
         As `run_process`: the exit status and the lines of output.
     """
     command = [sys.executable, launch_script(), "--workers", str(workers)]
     command += ["--grace-period", "10", *arguments]
+    if wrap is not None:
+        command = wrap(command)
     return run_process(command, timeout, env=env, on_line=on_line)
 
 

@@ -13,8 +13,9 @@ is not installed on the bench machine).
 Needs root, `ip` and `tc` (iproute2); `missing_requirements()` says what is
 missing. A `Namespace` has a unique name, ends every process left in it and
 then deletes itself on every exit of its `with` block (an error, Ctrl-C or
-SIGTERM included). Standard library only: the benchmarks' drivers import
-no TensorFlow.
+SIGTERM included). Standard library only (rates are read by
+`keras_clones.cost_model`, loaded without the package): the benchmarks'
+drivers import no TensorFlow.
 
     with netns.Namespace() as namespace:
         namespace.shape(netns.LINKS["100mbit"])
@@ -33,6 +34,8 @@ import subprocess
 import sys
 import time
 import uuid
+
+import launching
 
 PREFIX = "keras-clones-bench"
 _CAUGHT = (signal.SIGTERM, signal.SIGHUP)
@@ -64,11 +67,7 @@ class Link:
         """The rate in bits per second; None when unshaped."""
         if self.rate is None:
             return None
-        units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-        for unit, scale in units.items():
-            if self.rate.endswith(unit):
-                return float(self.rate[: -len(unit)]) * scale
-        raise ValueError(f"Unknown rate unit in {self.rate!r}: use {units}.")
+        return launching.package_module("cost_model").parse_bandwidth(self.rate)
 
     @property
     def burst_bytes(self):

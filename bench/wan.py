@@ -165,11 +165,8 @@ def parse_args(argv=None):
 def launch(links, quick, namespace):
     """Runs the workers (in `namespace`, if any); the chief's records, or
     None if the launch failed."""
-    command = [sys.executable, launching.launch_script(), "--workers"]
-    command += [str(WORKERS), "--grace-period", "10", __file__, WORKER_FLAG]
-    command += ["--links", ",".join(links)] + (["--quick"] if quick else [])
-    if namespace is not None:
-        command = namespace.command(command)
+    arguments = [__file__, WORKER_FLAG, "--links", ",".join(links)]
+    arguments += ["--quick"] if quick else []
     progress = "[worker 0] " + PROGRESS
 
     def show_progress(line):
@@ -177,8 +174,13 @@ def launch(links, quick, namespace):
             print(line[len(progress) :], flush=True)
 
     env = dict(os.environ, KERAS_BACKEND="tensorflow")
-    status, lines = launching.run_process(
-        command, TIMEOUT, env=env, on_line=show_progress
+    status, lines = launching.run_launch(
+        WORKERS,
+        arguments,
+        TIMEOUT,
+        env=env,
+        on_line=show_progress,
+        wrap=None if namespace is None else namespace.command,
     )
     result = launching.printed_result(lines, "[worker 0] " + RESULT)
     if result is None:
