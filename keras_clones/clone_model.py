@@ -331,6 +331,8 @@ class CloneModel(keras.Model):
 
     # The copies of `variable_update="replicated"`, built for training.
     _replicas = None
+    # Where `evaluate` and `predict` run here (`_inference_deployment`).
+    _inference = None
 
     def __new__(cls, *args, **kwargs):
         if cls is CloneModel and internals.functional_init_arguments(
@@ -382,6 +384,9 @@ class CloneModel(keras.Model):
         It can be replaced, e.g. after loading a model on a machine with
         other devices: `model.deployment = DeploymentConfig(devices=[...])`.
         The next `fit`, `evaluate` or `predict` traces its step again.
+        `fit` refuses clone devices that do not exist here; `evaluate` and
+        `predict` run on those that do (one clone on the default device
+        where none does), with a warning.
         """
         return self._deployment
 
@@ -401,6 +406,7 @@ class CloneModel(keras.Model):
             strategy, "the deployment", deployment.get_config()
         )
         self._deployment = deployment
+        self._inference = None
         with strategy.scope():
             self._clone_losses = _CloneLosses(deployment.num_clones)
         self.train_function = None
@@ -434,6 +440,7 @@ class CloneModel(keras.Model):
 
     def make_train_function(self, force=False):
         self._check_deployment()
+        self._check_devices()
         self._prepare_replicas()
         if not topology.across_workers(self.distribute_strategy):
             return super().make_train_function(force)
@@ -474,6 +481,7 @@ class CloneModel(keras.Model):
 
     def make_test_function(self, force=False):
         self._check_deployment()
+        self._inference_deployment()
         if not topology.across_workers(self.distribute_strategy):
             return super().make_test_function(force)
         if self.test_function is None or force:
@@ -482,6 +490,7 @@ class CloneModel(keras.Model):
 
     def make_predict_function(self, force=False):
         self._check_deployment()
+        self._inference_deployment()
         return super().make_predict_function(force)
 
     def _check_deployment(self):
@@ -494,6 +503,9 @@ class CloneModel(keras.Model):
                 "there too, and use `num_ps_tasks=0` here (clones on one "
                 "machine, or `evaluate` and `predict` on the coordinator)."
             )
+
+    def _check_devices(self):
+        """Refuses to train on clone devices that do not exist here."""
         try:
             self._deployment.check_devices()
         except ValueError as e:
@@ -503,6 +515,29 @@ class CloneModel(keras.Model):
                 "devices: `model.deployment = keras_clones.DeploymentConfig("
                 "devices=[...])`."
             ) from None
+
+    def _inference_deployment(self):
+        """The deployment `evaluate` and `predict` run on here: the clone
+        devices that exist, with one warning per deployment if some do
+        not (e.g. after `load_model` on a machine with fewer devices)."""
+        if self._inference is None:
+            deployment, missing = self._deployment.on_existing_devices()
+            if missing:
+                devices = [
+                    deployment.clone_device(i) or "the default device"
+                    for i in range(deployment.num_clones)
+                ]
+                warnings.warn(
+                    f"This CloneModel's clone devices {missing} do not exist "
+                    "on this machine: `evaluate` and `predict` run on "
+                    f"{', '.join(devices)} instead, with the same results "
+                    "(`fit` refuses to train there). To choose the devices, "
+                    "set `model.deployment = keras_clones.DeploymentConfig("
+                    "devices=[...])`.",
+                    stacklevel=3,
+                )
+            self._inference = deployment
+        return self._inference
 
     def _call_clone(self, i, x, training):
         with warnings.catch_warnings():
@@ -523,10 +558,10 @@ class CloneModel(keras.Model):
         return y_pred
 
     @contextlib.contextmanager
-    def _clone_scope(self, i):
+    def _clone_scope(self, i, deployment):
         """Clone i's device and name scope, as `model_deploy`'s."""
-        scope = self._deployment.clone_scope(i)
-        with tf.device(self._deployment.clone_device(i)):
+        scope = deployment.clone_scope(i)
+        with tf.device(deployment.clone_device(i)):
             with tf.name_scope(scope) if scope else contextlib.nullcontext():
                 yield
 
@@ -568,23 +603,23 @@ class CloneModel(keras.Model):
             if not v.trainable and v.dtype.startswith("float")
         ]
 
-    def _split(self, data):
+    def _split(self, data, deployment):
         """Phase 1: one slice of the batch per clone (`_CloneBatch`)."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        with tf.device(self._deployment.inputs_device()):
+        with tf.device(deployment.inputs_device()):
             batch_size = _batch_size(x)
             clones = _split_batch(
-                (x, y, sample_weight),
-                batch_size,
-                self._deployment.num_clones,
+                (x, y, sample_weight), batch_size, deployment.num_clones
             )
         return (x, y, sample_weight), batch_size, clones
 
     def train_step(self, data):
         # Split the batch and run the clones: each one's forward pass, loss
         # and gradients on its slice, on its device.
-        (x, y, sample_weight), batch_size, clones = self._split(data)
-        run = self._run_clones(clones, training=True)
+        (x, y, sample_weight), batch_size, clones = self._split(
+            data, self._deployment
+        )
+        run = self._run_clones(clones, self._deployment, training=True)
         # Combine: gradients summed, the clones' losses added, and float
         # state (BatchNormalization) moved once, on the optimizer device.
         with tf.device(self._deployment.optimizer_device()):
@@ -641,8 +676,12 @@ class CloneModel(keras.Model):
         return computed, values.non_trainable_values
 
     def _computed_gradients(self, data, values=None):
-        (_, y, sample_weight), batch_size, clones = self._split(data)
-        run = self._run_clones(clones, training=True, values=values)
+        (_, y, sample_weight), batch_size, clones = self._split(
+            data, self._deployment
+        )
+        run = self._run_clones(
+            clones, self._deployment, training=True, values=values
+        )
         with tf.device(self._deployment.optimizer_device()):
             grads = self._combine(run, replicated=values is None)
             run.state.apply()
@@ -686,27 +725,32 @@ class CloneModel(keras.Model):
         return logs
 
     def test_step(self, data):
-        (x, y, sample_weight), batch_size, clones = self._split(data)
-        run = self._run_clones(clones, training=False)
+        deployment = self._inference_deployment()
+        (x, y, sample_weight), batch_size, clones = self._split(
+            data, deployment
+        )
+        run = self._run_clones(clones, deployment, training=False)
         with tf.device(self._deployment.optimizer_device()):
             loss = tf.add_n(run.contributions)
             y_pred = _merge_outputs(run.y_preds, run.sizes)
         return self._logs((x, y, sample_weight), y_pred, batch_size, loss, run)
 
     def predict_step(self, data):
-        _, _, clones = self._split(data)
+        deployment = self._inference_deployment()
+        _, _, clones = self._split(data, deployment)
         y_preds = []
         for i, clone in enumerate(clones):
-            with self._clone_scope(i):
+            with self._clone_scope(i, deployment):
                 y_preds.append(
                     self._call_clone(i, clone.data[0], training=False)
                 )
-        with tf.device(self._deployment.inputs_device()):
+        with tf.device(deployment.inputs_device()):
             return _merge_outputs(y_preds, [c.size for c in clones])
 
-    def _run_clones(self, clones, training, values=None):
+    def _run_clones(self, clones, deployment, training, values=None):
         """Phase 2: every clone's forward pass and loss on its slice, under
-        its device and name scope, and in training its gradients.
+        its device and name scope in `deployment`, and in training its
+        gradients.
 
         In training, clones read their copies of replicated variables, or
         the given `values` (`_StatelessValues`), and each clone starts from
@@ -725,7 +769,7 @@ class CloneModel(keras.Model):
         for i, clone in enumerate(clones):
             reads, sources = self._clone_reads(i, replicas, values)
             tape = tf.GradientTape() if training else contextlib.nullcontext()
-            with self._clone_scope(i):
+            with self._clone_scope(i, deployment):
                 with tape:
                     if values is not None:
                         tape.watch(sources)

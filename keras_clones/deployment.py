@@ -69,6 +69,16 @@ def _parse_clone_device(device):
     ).to_string()
 
 
+def _local_devices():
+    """This machine's logical devices, as local device strings."""
+    return {
+        tf.DeviceSpec.from_string(d.name)
+        .replace(job=None, replica=None, task=None)
+        .to_string()
+        for d in tf.config.list_logical_devices()
+    }
+
+
 def _check_devices(devices, num_clones, clone_on_cpu):
     """Checks `devices` and returns it canonicalised, as a list.
 
@@ -249,7 +259,8 @@ class DeploymentConfig:
 
     Device strings are checked for syntax here, without starting the
     TensorFlow runtime (so logical devices can still be configured), and
-    for existence when `fit`, `evaluate` or `predict` starts.
+    for existence when `fit` starts. `evaluate` and `predict` run on the
+    clone devices that exist (`on_existing_devices`).
 
     Args:
         num_clones: Number of clones per replica. Defaults to 1, or to
@@ -467,32 +478,60 @@ class DeploymentConfig:
         """Raises `ValueError` if a clone device does not exist here.
 
         This lists the logical devices, so it initialises the TensorFlow
-        runtime; `CloneModel` calls it when `fit`, `evaluate` or `predict`
-        starts.
+        runtime; `CloneModel` calls it when `fit` starts.
         """
-        available = {
-            tf.DeviceSpec.from_string(d.name)
-            .replace(job=None, replica=None, task=None)
-            .to_string()
-            for d in tf.config.list_logical_devices()
-        }
+        available = _local_devices()
+        for i, device in self._missing_clone_devices(available):
+            raise ValueError(
+                f"Clone {i} is placed on {device!r}, which does not exist "
+                f"on this machine. Available devices: "
+                f"{', '.join(sorted(available))}. Pass `devices=[...]` "
+                "with existing devices, or split a physical device into "
+                "logical ones with "
+                "`tf.config.set_logical_device_configuration` before "
+                "TensorFlow starts."
+            )
+        if self._variable_update == "replicated":
+            self.cross_device_ops()
+
+    def on_existing_devices(self):
+        """The deployment inference runs on here, and the devices missing.
+
+        Where every clone device exists, this deployment itself; else one
+        clone per clone device that exists, or one clone on the default
+        device where none does. Inference reads the one copy of the
+        variables, so the result keeps `variable_update`'s default.
+        `CloneModel` calls it when `evaluate` or `predict` starts.
+
+        Returns:
+            `(deployment, missing)`: a `DeploymentConfig`, and the clone
+            devices (strings) that do not exist here, in clone order.
+        """
+        missing = self._missing_clone_devices(_local_devices())
+        if not missing:
+            return self, []
+        absent = {i for i, _ in missing}
+        existing = [
+            self.clone_device(i)
+            for i in range(self._num_clones)
+            if i not in absent
+        ]
+        existing = list(dict.fromkeys(existing))  # clone_on_cpu repeats one.
+        deployment = DeploymentConfig(devices=existing or None)
+        return deployment, [device for _, device in missing]
+
+    def _missing_clone_devices(self, available):
+        """`(clone index, device)` of the clone devices not in
+        `available`."""
+        missing = []
         for i in range(self._num_clones):
             device = self.clone_device(i)
             if not device:
                 continue
             local = tf.DeviceSpec.from_string(device).replace(job=None)
             if local.to_string() not in available:
-                raise ValueError(
-                    f"Clone {i} is placed on {device!r}, which does not exist "
-                    f"on this machine. Available devices: "
-                    f"{', '.join(sorted(available))}. Pass `devices=[...]` "
-                    "with existing devices, or split a physical device into "
-                    "logical ones with "
-                    "`tf.config.set_logical_device_configuration` before "
-                    "TensorFlow starts."
-                )
-        if self._variable_update == "replicated":
-            self.cross_device_ops()
+                missing.append((i, device))
+        return missing
 
     def get_config(self):
         return {

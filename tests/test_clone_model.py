@@ -448,8 +448,11 @@ def test_missing_device_is_an_error_at_fit_listing_devices():
     model.compile("sgd", "sparse_categorical_crossentropy")
     with pytest.raises(ValueError, match="GPU:0.*does not exist.*CPU:2"):
         model.fit(*data(4), verbose=0)
-    with pytest.raises(ValueError, match="does not exist"):
-        model.predict(data(4)[0], verbose=0)
+    explicit = DeploymentConfig(devices=["/gpu:0", "/gpu:1"])
+    model.deployment = explicit  # Not placed silently on the CPU either.
+    with pytest.raises(ValueError, match="GPU:0.*does not exist.*CPU:2"):
+        model.fit(*data(4), verbose=0)
+    assert model.optimizer.iterations.numpy() == 0
 
 
 def test_masked_outputs_are_refused():

@@ -288,7 +288,59 @@ def test_fit_logs_epoch_means_of_loss_and_clone_losses():
             )
 
 
-def test_deployment_is_replaced_to_run_where_the_saved_devices_do_not_exist(
+def inference_results(model, x, y):
+    """What each inference entry point returns, as NumPy values."""
+    return {
+        "evaluate": model.evaluate(x, y, verbose=0),
+        "predict": model.predict(x, verbose=0),
+        "call": model(x),
+        "predict_on_batch": model.predict_on_batch(x),
+        "test_on_batch": model.test_on_batch(x, y),
+    }
+
+
+def assert_same_inference(results, expected):
+    assert list(results) == list(expected)
+    for name, value in results.items():
+        np.testing.assert_allclose(
+            value, expected[name], atol=1e-6, err_msg=name
+        )
+
+
+@pytest.mark.parametrize(
+    "saved_on, served_on",
+    [
+        (["/cpu:0", "/cpu:7"], "/device:CPU:0"),  # Runs on those that exist.
+        (["/gpu:0", "/gpu:1"], "the default device"),  # None exists.
+    ],
+)
+def test_a_model_saved_on_missing_devices_serves_here_as_keras_and_fit_refuses(
+    tmp_path, saved_on, served_on
+):
+    elsewhere = DeploymentConfig(devices=saved_on)
+    reference, clones = classifier_pair(deployment=elsewhere)
+    clones.save(tmp_path / "trained_elsewhere.keras")
+    loaded = keras.models.load_model(tmp_path / "trained_elsewhere.keras")
+    x, y = classes()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = inference_results(loaded, x, y)
+        inference_results(loaded, x, y)  # No second warning.
+    messages = [
+        str(w.message) for w in caught if "do not exist" in str(w.message)
+    ]
+    assert len(messages) == 1, messages
+    assert f"run on {served_on} instead" in messages[0]
+    assert "`model.deployment = keras_clones.DeploymentConfig(" in messages[0]
+    assert_same_inference(results, inference_results(reference, x, y))
+    assert loaded.deployment == elsewhere  # Not rewritten.
+    with pytest.raises(
+        ValueError, match=r"does not exist.*model\.deployment = "
+    ):
+        loaded.fit(x, y, verbose=0)
+
+
+def test_deployment_is_replaced_to_train_where_the_saved_devices_do_not_exist(
     tmp_path,
 ):
     elsewhere = DeploymentConfig(devices=["/cpu:0", "/cpu:7"])
@@ -296,19 +348,16 @@ def test_deployment_is_replaced_to_run_where_the_saved_devices_do_not_exist(
     clones.save(tmp_path / "trained_elsewhere.keras")
     loaded = keras.models.load_model(tmp_path / "trained_elsewhere.keras")
     x, y = classes()
-    for run in (
-        lambda: loaded.evaluate(x, y, verbose=0),
-        lambda: loaded.predict(x, verbose=0),
-        lambda: loaded.fit(x, y, verbose=0),
-    ):
-        with pytest.raises(ValueError, match=r"CPU:7.*model\.deployment = "):
-            run()
+    with pytest.raises(ValueError, match=r"CPU:7.*model\.deployment = "):
+        loaded.fit(x, y, verbose=0)
     loaded.deployment = TWO_CPUS
-    np.testing.assert_allclose(
-        loaded.evaluate(x, y, verbose=0),
-        reference.evaluate(x, y, verbose=0),
-        atol=1e-6,
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # All its devices exist.
+        np.testing.assert_allclose(
+            loaded.evaluate(x, y, verbose=0),
+            reference.evaluate(x, y, verbose=0),
+            atol=1e-6,
+        )
     fit_both(reference, loaded, x, y, batch_size=6)
     assert_same_weights(reference, loaded)
     loaded.deployment = THREE_CPUS  # Another number of clones: retraced.
@@ -318,3 +367,68 @@ def test_deployment_is_replaced_to_run_where_the_saved_devices_do_not_exist(
     assert_same_weights(reference, loaded)
     with pytest.raises(TypeError, match="must be a `keras_clones.Deploy"):
         loaded.deployment = "/cpu:0"
+
+
+SERVE_ON_ONE_CPU = """if True:
+    import sys, warnings
+    import numpy as np
+    import keras
+    import keras_clones
+    import tensorflow as tf
+
+    assert len(tf.config.list_logical_devices("CPU")) == 1
+    model_path, data_path, out_path = sys.argv[1:]
+    data = np.load(data_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = keras.models.load_model(model_path)
+        results = dict(
+            evaluate=model.evaluate(data["x"], data["y"], verbose=0),
+            predict=model.predict(data["x"], verbose=0),
+        )
+    warned = [str(w.message) for w in caught]
+    assert sum("do not exist" in m for m in warned) == 1, warned
+    assert model.deployment.num_clones == 2
+    np.savez(out_path, **results)
+"""
+
+
+@pytest.mark.parametrize("variable_update", ["parameter_server", "replicated"])
+def test_a_model_trained_on_two_cpus_serves_on_one_as_in_the_saving_process(
+    tmp_path, run_script, variable_update
+):
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((3,))
+    hidden = keras.layers.BatchNormalization()(keras.layers.Dense(5)(inputs))
+    outputs = keras.layers.Dense(3, activation="softmax")(hidden)
+    model = CloneModel(
+        inputs,
+        outputs,
+        deployment=DeploymentConfig(
+            devices=["/cpu:0", "/cpu:1"], variable_update=variable_update
+        ),
+    )
+    model.compile(
+        keras.optimizers.Adam(0.05), "sparse_categorical_crossentropy"
+    )
+    x, y = classes()
+    model.fit(x, y, batch_size=6, epochs=2, verbose=0)
+    model.save(tmp_path / "model.keras")
+    np.savez(tmp_path / "data.npz", x=x, y=y)
+    run_script(
+        [
+            "-c",
+            SERVE_ON_ONE_CPU,
+            tmp_path / "model.keras",
+            tmp_path / "data.npz",
+            tmp_path / "served.npz",
+        ],
+        timeout=300,
+    )
+    served = np.load(tmp_path / "served.npz")
+    np.testing.assert_allclose(
+        served["evaluate"], model.evaluate(x, y, verbose=0), atol=1e-6
+    )
+    np.testing.assert_allclose(
+        served["predict"], model.predict(x, verbose=0), atol=1e-6
+    )
