@@ -1,7 +1,9 @@
 """`AGNOptimizer`: Accumulated Gradient Normalization around any optimizer."""
 
 import contextlib
+import gc
 import warnings
+import weakref
 
 import keras
 import numpy as np
@@ -40,6 +42,28 @@ _REFUSED_INNER_OPTIONS = {
 }
 
 
+# Each wrapped optimizer's `AGNOptimizer`, while both live.
+_WRAPPER_OF = weakref.WeakKeyDictionary()
+
+
+def _wrapper_of(optimizer):
+    return _WRAPPER_OF.get(optimizer, lambda: None)()
+
+
+def _check_not_wrapped_elsewhere(optimizer, argument):
+    if _wrapper_of(optimizer) is not None:
+        gc.collect()  # A wrapper no longer used may await the collector.
+    wrapper = _wrapper_of(optimizer)
+    if wrapper is not None:
+        raise ValueError(
+            f"`{argument}` ({optimizer.name!r}) is already wrapped by the "
+            f"AGNOptimizer {wrapper.name!r}: two wrappers would share its "
+            "slots and step count. Create new optimizers for each "
+            "AGNOptimizer, e.g. `AGNOptimizer(keras.optimizers.SGD(0.1))` "
+            "each time."
+        )
+
+
 def _check_wrapped(optimizer, argument):
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
@@ -65,6 +89,7 @@ def _check_wrapped(optimizer, argument):
                 f"AGNOptimizer cannot honour `{option}` on `{argument}`: "
                 f"{reason}."
             )
+    _check_not_wrapped_elsewhere(optimizer, argument)
 
 
 def _tf_variable(variable):
@@ -105,11 +130,25 @@ def _update(distribution, variable, value):
     )
 
 
+def _as_gradient(grad, variable):
+    """A gradient as Keras's optimizers take it: a tensor or `IndexedSlices`
+    as given; a Python or NumPy number or array as a tensor of the
+    variable's dtype, before any update (a conversion that fails changes
+    nothing)."""
+    if isinstance(grad, (tf.Tensor, tf.IndexedSlices)):
+        return grad
+    return tf.cast(tf.convert_to_tensor(grad), variable.dtype)
+
+
 def _with_gradients(grads, variables, warn=True):
     """The (gradient, variable) pairs that have a gradient, as Keras's
     optimizers keep them: a missing gradient is a warning (if `warn`), none
     an error."""
-    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    pairs = [
+        (_as_gradient(g, v), v)
+        for g, v in zip(grads, variables)
+        if g is not None
+    ]
     missing = [_name(v) for g, v in zip(grads, variables) if g is None]
     if not pairs:
         raise ValueError(
@@ -407,6 +446,8 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         # Only the gradients rule keeps gradient accumulators.
         self._accumulates = commit == "gradients" and communication_period > 1
         self._step_hooks = StepHooks()
+        for wrapped in (optimizer, outer_optimizer):
+            _WRAPPER_OF[wrapped] = weakref.ref(self)
 
     @property
     def step_hooks(self):

@@ -306,7 +306,9 @@ class CloneModel(keras.Model):
     BatchNormalization updates.
 
     Args:
-        deployment: A `DeploymentConfig` (or its config dict). Defaults to
+        deployment: A `DeploymentConfig`, or a dict of its arguments (as
+            `get_config()` gives, or read from a file), taken as
+            `DeploymentConfig(**deployment)`. Defaults to
             one clone.
 
     Example:

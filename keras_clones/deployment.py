@@ -162,8 +162,9 @@ def _check_job_name(name, value):
 def _check_replica_id_in_range(replica_id, num_replicas):
     if replica_id >= num_replicas:
         raise ValueError(
-            "`replica_id` must be less than `num_replicas`. Received: "
-            f"replica_id={replica_id}, num_replicas={num_replicas}."
+            f"`replica_id` must be in [0, {num_replicas}) for "
+            f"num_replicas={num_replicas}, the index of this replica. "
+            f"Received: replica_id={replica_id}."
         )
 
 
@@ -317,13 +318,13 @@ class DeploymentConfig:
         _check_count("replica_id", replica_id, 0)
         _check_count("num_replicas", num_replicas, 1)
         _check_count("num_ps_tasks", num_ps_tasks, 0)
+        _check_replica_id_in_range(replica_id, num_replicas)
         _check_ps_tasks_for_replicas(num_replicas, num_ps_tasks)
         # With more than one replica there are parameter servers (above).
         uses_ps = num_ps_tasks > 0
         if uses_ps:
             _check_job_name("worker_job_name", worker_job_name)
             _check_job_name("ps_job_name", ps_job_name)
-        _check_replica_id_in_range(replica_id, num_replicas)
         _check_variable_update(variable_update)
         _check_all_reduce(all_reduce)
         _check_all_reduce_is_replicated(all_reduce, variable_update)

@@ -527,3 +527,87 @@ def test_nested_agn_is_refused(argument):
         "wraps",
     ):
         AGNOptimizer(**kwargs)
+
+
+GRADIENTS_KERAS_ACCEPTS = {
+    "python_float": 0.5,
+    "python_int": 1,
+    "numpy_float64": np.float64(0.25),
+    "numpy_array": np.array([0.5, -1.0]),
+}
+
+
+@pytest.mark.parametrize("period", [1, 2, 3])
+@pytest.mark.parametrize("kind", list(GRADIENTS_KERAS_ACCEPTS))
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_python_and_numpy_gradients_apply_as_float32_tensors(
+    period, kind, name
+):
+    # The reference: the same values as float32 tensors, as a model's step
+    # gives them, and at period 1 the bare optimizer given the Python value.
+    grad = GRADIENTS_KERAS_ACCEPTS[kind]
+    ones = np.ones(np.shape(grad), "float32")
+    variables = [keras.Variable(ones) for _ in range(3)]
+    bare = OPTIMIZERS[name]()
+    agn = AGNOptimizer(OPTIMIZERS[name](), communication_period=period)
+    agn_of_tensors = AGNOptimizer(OPTIMIZERS[name](), period)
+    for _ in range(2 * period):  # Two commits.
+        agn.apply_gradients([(grad, variables[0])])
+        agn_of_tensors.apply_gradients(
+            [(tf.constant(grad, "float32"), variables[1])]
+        )
+        bare.apply_gradients([(grad, variables[2])])
+        np.testing.assert_allclose(variables[0], variables[1], atol=1e-6)
+        if period == 1:
+            np.testing.assert_allclose(variables[0], variables[2], atol=1e-6)
+    assert agn.iterations.numpy() == bare.iterations.numpy() == 2 * period
+    assert agn.communication_rounds.numpy() == 2
+
+
+def optimizer_state(optimizer, variable):
+    return [v.numpy().copy() for v in optimizer.variables] + [variable.numpy()]
+
+
+@pytest.mark.parametrize("period", [1, 2])
+@pytest.mark.parametrize(
+    "bad_gradient",
+    [np.array([0.5, 0.5]), "a"],  # The wrong shape; not a number.
+    ids=["wrong_shape", "string"],
+)
+def test_a_call_that_fails_as_bare_optimizer_changes_nothing(
+    period, bad_gradient
+):
+    bare_variable = keras.Variable(1.0)
+    bare = keras.optimizers.Adam(0.1)
+    bare.apply_gradients([(0.5, bare_variable)])
+    with pytest.raises(Exception) as bare_error:
+        bare.apply_gradients([(bad_gradient, bare_variable)])
+    variable = keras.Variable(1.0)
+    agn = AGNOptimizer(keras.optimizers.Adam(0.1), communication_period=period)
+    agn.apply_gradients([(0.5, variable)])
+    before = optimizer_state(agn, variable)
+    with pytest.raises(type(bare_error.value)):
+        agn.apply_gradients([(bad_gradient, variable)])
+    for value, expected in zip(optimizer_state(agn, variable), before):
+        np.testing.assert_array_equal(value, expected)
+
+
+@pytest.mark.parametrize("argument", ["optimizer", "outer_optimizer"])
+def test_an_optimizer_wrapped_twice_is_refused_naming_the_first_wrapper(
+    argument,
+):
+    inner = keras.optimizers.SGD(0.1)
+    first = AGNOptimizer(inner, 2, name="first_agn")
+    wrapped = {"optimizer": inner, "outer_optimizer": first.outer_optimizer}
+    kwargs = {
+        "optimizer": keras.optimizers.SGD(0.1),
+        argument: wrapped[argument],
+    }
+    with pytest.raises(
+        ValueError,
+        match=rf"`{argument}` .* already wrapped by the AGNOptimizer "
+        "'first_agn'.*Create new optimizers for each AGNOptimizer",
+    ):
+        AGNOptimizer(communication_period=2, **kwargs)
+    del first, wrapped, kwargs  # Once the first is gone, it may be reused.
+    assert AGNOptimizer(inner, 2).inner_optimizer is inner

@@ -511,3 +511,19 @@ def test_stateless_compute_gradients_wants_one_value_per_variable():
         "Received: 2 values",
     ):
         model.stateless_compute_gradients(trainable[:2], start, batch)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"num_clones": 2, "clone_on_cpu": True},
+        {"devices": ["/cpu:0", "/cpu:1"], "variable_update": "replicated"},
+        TWO_CPUS.get_config(),
+    ],
+)
+def test_a_deployment_config_dict_equals_deployment_config_of_its_keys(config):
+    model = mlp(CloneModel, deployment=config)
+    assert isinstance(model.deployment, DeploymentConfig)
+    assert model.deployment == DeploymentConfig(**config)
+    with pytest.raises(TypeError, match="num_clone'"):
+        mlp(CloneModel, deployment={"num_clone": 2})

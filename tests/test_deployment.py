@@ -88,11 +88,16 @@ def test_config_round_trip_and_equality():
         ({"num_replicas": 0}, ValueError, "num_replicas` must be >= 1"),
         ({"num_ps_tasks": -1}, ValueError, "num_ps_tasks` must be >= 0"),
         ({"clone_on_cpu": "yes"}, TypeError, "clone_on_cpu` must be a bool"),
-        ({"replica_id": 1}, ValueError, "replica_id` must be less than"),
+        ({"replica_id": 1}, ValueError, r"replica_id` must be in \[0, 1\)"),
         (
             {"num_replicas": 2, "replica_id": 2, "num_ps_tasks": 1},
             ValueError,
-            "replica_id` must be less than",
+            r"replica_id` must be in \[0, 2\).*Received: replica_id=2",
+        ),
+        (  # The out-of-range index first, before the missing servers.
+            {"num_replicas": 2, "replica_id": 3},
+            ValueError,
+            r"replica_id` must be in \[0, 2\).*Received: replica_id=3",
         ),
         ({"num_replicas": 2}, ValueError, "num_ps_tasks` must be positive"),
         (

@@ -158,3 +158,18 @@ def test_variables_overwritten_by_their_gradient_have_no_center_to_copy():
     fit(m, [copy])
     assert len(copy.copied) == len(m.trainable_variables) - 1
     assert not any(c.startswith(f"{bias.path} ->") for c in copy.copied)
+
+
+def test_given_twice_the_second_copies_nothing_and_training_equals_once():
+    def trained(callbacks):
+        m = model()
+        m.optimizer.build(m.trainable_variables)
+        m.set_weights(other_weights(m))
+        fit(m, callbacks, epochs=2)
+        return m.get_weights()
+
+    first, second = PostInitCopy(), PostInitCopy()
+    twice = trained([first, second])
+    assert len(first.copied) == 4 and second.copied == []
+    for weight, expected in zip(twice, trained([PostInitCopy()])):
+        np.testing.assert_array_equal(weight, expected)

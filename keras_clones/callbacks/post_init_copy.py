@@ -28,7 +28,9 @@ class PostInitCopy(keras.callbacks.Callback):
 
     Only the variables whose copies differ are copied; with nothing to copy
     it does nothing. It prints how many it copied, and which at
-    `verbose > 0`; `copied` holds their paths after `on_train_begin`.
+    `verbose > 0`; `copied` holds their paths after `on_train_begin`. Given
+    twice to one `fit`, it is harmless: the second finds every copy agreeing
+    and copies nothing.
 
     `keras.callbacks.BackupAndRestore` restores its backup in
     `on_train_begin` too. Put `PostInitCopy` after it, so that it sees the
