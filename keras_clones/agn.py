@@ -797,16 +797,20 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                     tf.convert_to_tensor(grad)
                 )
 
-    def end_local_step(self, grads, trainable_variables, step_hooks=None):
-        """The last part of `apply`: counts the step, and commits at the
-        end of a period.
+    def end_local_step(
+        self, grads, trainable_variables, step_hooks=None, applied=None
+    ):
+        """The last part of `apply`, never skipped: counts the step (a
+        skipped one too), and commits at the end of a period.
 
         The commit (see `commit`) of every worker is averaged in one
         all-reduce, in `communication_dtype`; the outer optimizer applies
         the result to the global centers, and every variable takes its
         center. The result is the same on every worker, so when the guard
         of `step_hooks` skips it (it is not finite), every worker skips it
-        alike, and the centers stay as they were.
+        alike, and the centers stay as they were. With a period of 1 the
+        commit is the step itself: a step the guard skipped (`applied`
+        false) commits nothing, on every worker (see `skips_alone`).
 
         Args:
             grads: The step's gradients, as for `apply` (a one-step period
@@ -814,12 +818,25 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             trainable_variables: The variables, as for `apply`.
             step_hooks: The `keras_clones.step_hooks.StepHooks` whose guard
                 may skip the commit (the caller's own); by default none.
+            applied: Whether the guard applied the local step (a boolean
+                tensor, the same on every worker when not `skips_alone`),
+                or None (no guard).
         """
         replica_context = _replica_context()
         pairs = _with_gradients(grads, trainable_variables, warn=False)
         pairs = [(g, v) for g, v in pairs if not _overwrites(v)]
-        replica_context.merge_call(self._count_step, args=(pairs, step_hooks))
+        replica_context.merge_call(
+            self._count_step, args=(pairs, step_hooks, applied)
+        )
         internals.increment_iterations(self)
+
+    @property
+    def skips_alone(self):
+        """Whether a worker skips a non-finite local step alone, the skips
+        counted at the commit (`Step.skip_agreement="deferred"`). Not at a
+        period of 1, where every step commits: there the workers skip a
+        step together, as in synchronous training."""
+        return self.communication_period > 1
 
     def _start_from_model(self, distribution, variables):
         # Weights loaded after `build` are the ones to train from.
@@ -834,10 +851,17 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             lambda: None,
         )
 
-    def _count_step(self, distribution, pairs, step_hooks):
+    def _count_step(self, distribution, pairs, step_hooks, applied):
         self._local_step.assign_add(1)
-        if self.communication_period == 1:
+        if self.communication_period == 1 and applied is None:
             self._synchronise(distribution, pairs, step_hooks)
+            return
+        if self.communication_period == 1:
+            tf.cond(
+                distribution.experimental_local_results(applied)[0],
+                lambda: self._synchronise(distribution, pairs, step_hooks),
+                lambda: None,
+            )
             return
         tf.cond(
             tf.equal(self._local_step % self.communication_period, 0),

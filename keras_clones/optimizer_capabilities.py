@@ -8,8 +8,6 @@ Never by type: an optimizer offers a capability by having the attribute
 import keras
 import tensorflow as tf
 
-from keras_clones.multi_worker import topology
-
 
 def unwrapped(optimizer):
     """The optimizer a `LossScaleOptimizer` wraps, else `optimizer`."""
@@ -41,7 +39,8 @@ def takes_local_steps(optimizer):
     `AGNOptimizer`: it then offers `apply` in parts,
     `begin_local_step(variables)`, never skipped,
     `apply_local(grads, variables)`, which a guard may skip on one worker
-    alone, and `end_local_step(grads, variables, step_hooks)`, which counts
+    alone (or, unless `skips_alone`, with every other worker), and
+    `end_local_step(grads, variables, step_hooks, applied)`, which counts
     the step and commits through the guard of `step_hooks`."""
     return callable(getattr(optimizer, "end_local_step", None))
 
@@ -49,34 +48,32 @@ def takes_local_steps(optimizer):
 def apply_in_parts(optimizer, hooks, step, before=None):
     """One step of an optimizer that `takes_local_steps`, through `hooks`.
 
-    Its first step's start is never skipped; the guard (if any) sees `step`
-    and may skip the local step (and `before()`, e.g. a model's state
-    update, which runs first). In one process the end of the step (and a
-    commit) is guarded too, so a skipped step changes nothing; across
-    workers every worker ends the step, so that all commit together, and a
-    skip is this worker's alone, counted at the commit.
+    One rule in every mode (one process, across workers, and as parameter
+    servers run it): its first step's start is never skipped; the guard (if
+    any) sees `step` and may skip the local step (and `before()`, e.g. a
+    model's state update, which runs first), which then changes no weight,
+    slot, accumulator or statistic; the end of the step always runs, so a
+    skipped step still counts toward the period (`local_step` and the
+    wrapper's `iterations` advance), and at the period's end the commit
+    happens with the period's applied steps. Across workers a skip is this
+    worker's alone, counted at the commit; except where every step commits
+    (not `skips_alone`: a period of 1), where the workers skip a step
+    together, and a skipped step commits nothing, as a bare optimizer's.
 
     Returns:
         As `StepHooks.run`: whether the guarded update ran, or None.
     """
     grads, variables = step.grads, step.variables
-    across = topology.across_workers(tf.distribute.get_strategy())
-
-    def end_local_step():
-        optimizer.end_local_step(grads, variables, hooks)
 
     def update():
         if before is not None:
             before()
         optimizer.apply_local(grads, variables)
-        if not across:
-            end_local_step()
 
     optimizer.begin_local_step(variables)
-    agreement = "deferred" if across else "all_reduce"
+    agreement = "deferred" if optimizer.skips_alone else "all_reduce"
     applied = hooks.run(step._replace(skip_agreement=agreement), update)
-    if across:
-        end_local_step()
+    optimizer.end_local_step(grads, variables, hooks, applied)
     return applied
 
 

@@ -39,6 +39,10 @@ class Step(typing.NamedTuple):
     # alone, the skips counted at the commit (`count_deferred_skips`);
     # "none" for its commit, which is the same on every worker.
     skip_agreement: str = "all_reduce"
+    # The optimizer step this is (`optimizer.iterations` before it), where
+    # the guard's step counter does not say it (a worker's local step,
+    # judged on the coordinator after its period); None: the counter.
+    iteration: object = None
 
 
 class StepHooks:

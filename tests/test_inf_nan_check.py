@@ -120,17 +120,132 @@ def test_clone_model_logs_are_means_over_the_applied_steps():
         np.testing.assert_allclose(guarded[key], reference[key], atol=1e-6)
 
 
-def test_agn_skip_changes_nothing_in_a_plain_model():
-    def optimizer():
-        return AGNOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), 4)
+PERIOD = 4
+STEPS = 20
+NAN_STEPS = (5, 11)  # Mid-period, and the third period's last step.
 
-    guarded = plain_model()
-    history = train(guarded, optimizer(), True, [InfNanCheck("skip")])
-    assert history["skipped_steps"] == [1.0]
-    reference = plain_model()
-    train(reference, optimizer(), False)
-    assert int(guarded.optimizer.local_step.numpy()) == 5
-    assert_same_state(guarded, reference)
+
+def steps_data(with_nan):
+    """20 batches of 4 rows; with a nan in each of `NAN_STEPS`, or, for
+    the reference, those batches finite with zero sample weights (a step
+    whose gradients are zero)."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(STEPS * BATCH, 3)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5]])).astype("float32")
+    weights = np.ones(len(x), "float32")
+    for step in NAN_STEPS:
+        if with_nan:
+            x[step * BATCH + 1, 0] = np.nan
+        weights[step * BATCH : (step + 1) * BATCH] = 0.0
+    return dict(x=x, y=y) if with_nan else dict(x=x, y=y, sample_weight=weights)
+
+
+@pytest.mark.parametrize(
+    "model_class", [plain_model, lambda: clone_model(batch_norm=False)]
+)
+def test_agn_skipped_steps_count_toward_the_period_as_zero_gradient_steps(
+    model_class,
+):
+    # Inner SGD without momentum: a skipped local step is a step whose
+    # gradients are zero (a zero-weight batch), except for the inner
+    # optimizer's own step count. 20 steps of which 2 skipped: 5 commits,
+    # one of them at the end of a period whose last step was skipped.
+    def fitted(with_nan):
+        model = model_class()
+        model.compile(AGNOptimizer(keras.optimizers.SGD(0.1), PERIOD), "mse")
+        callbacks = [InfNanCheck()] if with_nan else []
+        history = model.fit(
+            **steps_data(with_nan),
+            batch_size=BATCH,
+            shuffle=False,
+            verbose=0,
+            callbacks=callbacks,
+        )
+        return model, history.history
+
+    guarded, history = fitted(True)
+    reference, _ = fitted(False)
+    optimizer = guarded.optimizer
+    assert history["skipped_steps"] == [2.0]
+    assert int(optimizer.communication_rounds.numpy()) == STEPS // PERIOD
+    assert int(optimizer.local_step.numpy()) == STEPS
+    assert int(optimizer.iterations.numpy()) == STEPS
+    assert int(optimizer.inner_optimizer.iterations.numpy()) == STEPS - 2
+    inner_iterations = optimizer.inner_optimizer.iterations.path
+    for va, vb in zip(optimizer.variables, reference.optimizer.variables):
+        if va.path != inner_iterations:
+            np.testing.assert_allclose(va, vb, atol=1e-6, err_msg=va.path)
+    for va, vb in zip(guarded.weights, reference.weights):
+        np.testing.assert_allclose(va, vb, atol=1e-6, err_msg=va.path)
+
+
+class StateAround(keras.callbacks.Callback):
+    """Every model and optimizer variable before and after batch `batch`."""
+
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def state(self):
+        variables = self.model.variables + self.model.optimizer.variables
+        return {v.path: v.numpy().copy() for v in variables}
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == self.batch:
+            self.before = self.state()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            self.after = self.state()
+
+
+def adam_agn_state_around(model_class, batch):
+    """A model trained with AGN(Adam) and InfNanCheck on the nan steps, and
+    its `StateAround(batch)`."""
+    model = model_class()
+    model.compile(AGNOptimizer(keras.optimizers.Adam(0.01), PERIOD), "mse")
+    around = StateAround(batch)
+    model.fit(
+        **steps_data(True),
+        batch_size=BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=[around, InfNanCheck()],
+    )
+    return model, around
+
+
+@pytest.mark.parametrize("model_class", [plain_model, clone_model])
+def test_agn_skipped_local_step_changes_nothing_but_its_counters(model_class):
+    # Adam's slots, BatchNormalization's statistics (in a CloneModel), the
+    # accumulators and centers: bit-identical across a skipped mid-period
+    # step; `local_step` and the wrapper's `iterations` advance by one.
+    _, around = adam_agn_state_around(model_class, NAN_STEPS[0])
+    counters = {"agn_optimizer/local_step", "agn_optimizer/iteration"}
+    changed = {
+        path
+        for path, value in around.after.items()
+        if not np.array_equal(value, around.before[path])
+    }
+    assert changed == counters
+    for path in counters:
+        assert around.after[path] == around.before[path] + 1
+
+
+@pytest.mark.parametrize("model_class", [plain_model, clone_model])
+def test_agn_skipped_last_step_of_a_period_still_commits(model_class):
+    model, around = adam_agn_state_around(model_class, NAN_STEPS[1])
+    optimizer = model.optimizer
+    rounds = "agn_optimizer/communication_rounds"
+    assert around.after[rounds] == around.before[rounds] + 1 == 3
+    for variable in model.trainable_variables:
+        center = optimizer.global_center_variable(variable).path
+        moved = around.after[center] - around.before[center]
+        assert np.all(np.isfinite(moved)) and np.any(moved != 0), center
+        # The local weights take the new centers.
+        np.testing.assert_array_equal(
+            around.after[variable.path], around.after[center]
+        )
 
 
 @pytest.mark.parametrize("model_class", [plain_model, clone_model])
@@ -259,3 +374,34 @@ def test_invalid_mode():
     with pytest.raises(ValueError, match="'skip', 'stop', 'raise'"):
         InfNanCheck("ignore")
     assert InfNanCheck("stop").get_config() == {"mode": "stop"}
+
+
+def test_agn_period_one_skips_as_the_bare_optimizer():
+    # AGN(Adam, 1) against bare Adam, both guarded in a CloneModel: the
+    # skipped step commits nothing, is counted once, and the weights and
+    # Adam's slots match; the wrapper's counters still count it.
+    bare = clone_model()
+    bare_history = train(
+        bare, keras.optimizers.Adam(0.01), True, [InfNanCheck()]
+    )
+    agn = clone_model()
+    optimizer = AGNOptimizer(keras.optimizers.Adam(0.01), 1)
+    history = train(agn, optimizer, True, [InfNanCheck()])
+    assert history["skipped_steps"] == bare_history["skipped_steps"] == [1.0]
+    assert int(bare.optimizer.iterations.numpy()) == 5
+    assert int(optimizer.iterations.numpy()) == 6
+    assert int(optimizer.local_step.numpy()) == 6
+    assert int(optimizer.communication_rounds.numpy()) == 5
+    for va, vb in zip(agn.weights, bare.weights):
+        np.testing.assert_allclose(va, vb, atol=1e-6, err_msg=va.path)
+    bare_slots = [
+        v for v in bare.optimizer.variables if "iteration" not in v.path
+    ]
+    outer_slots = [
+        v
+        for v in optimizer.outer_optimizer.variables
+        if "iteration" not in v.path
+    ]
+    assert len(outer_slots) == len(bare_slots) > 0
+    for va, vb in zip(outer_slots, bare_slots):
+        np.testing.assert_allclose(va, vb, atol=1e-6, err_msg=va.path)

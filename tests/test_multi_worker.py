@@ -337,9 +337,14 @@ def test_inf_nan_check_skips_a_step_on_every_worker_when_one_is_not_finite(
     # AGN(2): worker 1 skips its local step alone, with no per-step
     # communication (worker 0 applies its own, as computed by hand); the
     # workers count the skip at the commit, so `skipped_steps` is 1 per
-    # epoch on both, and the commits leave them bit-identical.
+    # epoch on both, the skipped step counts toward the period (8 local
+    # steps, 8 iterations, as in one process), and the commits leave them
+    # bit-identical. "stop" names the skipped step's own number (2, the
+    # third step), not the commit's.
     with reference_alongside(INF_NAN_WORKER, tmp_path):
-        run(*LAUNCH, str(INF_NAN_WORKER), str(tmp_path))
+        output = run(*LAUNCH, str(INF_NAN_WORKER), str(tmp_path))
+    stopped = "local step on a worker is not finite at optimizer step 2 "
+    assert output.count(stopped) == 2, output[-6000:]
     reference = np.load(tmp_path / "inf_nan_reference.npz")
     workers = [np.load(tmp_path / f"inf_nan_{i}.npz") for i in range(2)]
     for name in workers[0].files:
@@ -349,6 +354,7 @@ def test_inf_nan_check_skips_a_step_on_every_worker_when_one_is_not_finite(
         np.testing.assert_array_equal(worker["agn_skipped_steps"], [1, 1])
         # "stop": both workers stop after the commit that counted the skip.
         assert worker["agn_stop_steps"] == 4
+        assert worker["agn_steps"] == worker["agn_local_steps"] == 8
         for name in reference.files:
             if name != "sgd_skipped_steps":
                 np.testing.assert_allclose(

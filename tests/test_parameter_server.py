@@ -153,8 +153,11 @@ def test_inf_nan_check_skips_agns_local_step_on_the_worker(scenario):
     assert result["agn_logs"] < 1e-5
     assert result["agn_skipped"] == [1.0, 1.0]
     assert result["agn_rounds"] == [2.0, 4.0]
+    # The skipped steps count in `local_step` and `iterations` too, as in
+    # one process; the message names the skipped step (the second).
+    assert result["agn_iterations"] == result["agn_local_step"] == 12
     assert result["agn_raised"].startswith(
-        "InfNanCheck: the loss is not finite at optimizer step"
+        "InfNanCheck: the loss is not finite at optimizer step 1 "
     )
 
 

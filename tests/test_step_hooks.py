@@ -66,6 +66,7 @@ class SkipAll:
 
     def apply_if(self, step, update, on_skip=None):
         self.skipped.assign_add(1)
+        return tf.constant(False)
 
 
 def test_observer_sees_the_full_batch_gradient_and_the_clone_losses():

@@ -33,16 +33,23 @@ class _NonFiniteGuard:
             0, dtype="int64", trainable=False, name="failed_check"
         )
         self.check_names = []
-        # Local steps skipped but not yet counted (see `apply_if`).
+        # Local steps skipped but not yet counted (see `apply_if`), and
+        # the first one's optimizer step (-1: none).
         self.deferred_skips = keras.Variable(
             0.0, dtype="float32", trainable=False, name="deferred_skips"
+        )
+        self.first_deferred_step = keras.Variable(
+            -1, dtype="int64", trainable=False, name="first_deferred_step"
         )
 
     def apply_if(self, step, update, on_skip=None):
         """Runs `update()` if `step`'s loss and gradients are finite, else
         `on_skip()` (if given); counts and records the skip, and returns
         whether the update ran."""
-        iteration = tf.identity(self.step_counter)
+        iteration = step.iteration
+        if iteration is None:
+            iteration = tf.identity(self.step_counter)
+        iteration = tf.cast(iteration, "int64")
         names, values = _checks(step)
         finite = [tf.reduce_all(tf.math.is_finite(v)) for v in values]
         all_finite = tf.reduce_all(finite)
@@ -64,6 +71,10 @@ class _NonFiniteGuard:
             # Counted when the workers agree (`count_deferred_skips`), so
             # that all of them count, stop or raise alike.
             self.deferred_skips.assign_add(skipped)
+            first = tf.logical_and(skipped > 0, self.first_deferred_step < 0)
+            self.first_deferred_step.assign(
+                tf.where(first, iteration, self.first_deferred_step)
+            )
             return all_finite
         failed = tf.logical_not(loss_finite if self.loss_scaled else all_finite)
         check = tf.argmin(
@@ -76,21 +87,19 @@ class _NonFiniteGuard:
 
     def count_deferred_skips(self):
         """Counts the local steps that every worker skipped since the last
-        call, summed over the workers in one all-reduce (at a point every
-        worker reaches, such as an `AGNOptimizer`'s commit)."""
+        call, and the first one's optimizer step, in one all-reduce (at a
+        point every worker reaches, such as an `AGNOptimizer`'s commit)."""
         if not topology.across_workers(tf.distribute.get_strategy()):
             return  # Nothing was deferred.
-        total = tf.distribute.get_replica_context().all_reduce(
-            tf.distribute.ReduceOp.SUM, tf.identity(self.deferred_skips)
+        total, first = collectives.sum_and_min_over_workers(
+            self.deferred_skips, self.first_deferred_step
         )
         self.deferred_skips.assign(0.0)
+        self.first_deferred_step.assign(-1)
         check = self._checks_named(
-            [
-                "the loss or a gradient of a local step on a worker, since the "
-                "last synchronisation,"
-            ]
+            ["the loss or a gradient of a local step on a worker"]
         )
-        self._record(total, total > 0, self.step_counter, check)
+        self._record(total, total > 0, first, check)
 
     def _checks_named(self, names):
         """The index of the first of `names` among the check names: a step
@@ -171,13 +180,18 @@ class InfNanCheck(keras.callbacks.Callback):
     applied; this check runs inside the step, on the gradients the optimizer
     is about to apply (a `CloneModel`'s summed gradients, once, not per
     clone). A step whose loss or gradients hold an inf or a nan changes no
-    variable: model weights, optimizer slots and iterations, AGN centers,
-    accumulators and local step, and a `CloneModel`'s BatchNormalization
-    statistics stay bit-identical. In a `CloneModel` the step is left out
-    of the logs too: the loss, metrics and `clone_i_loss` are means over the
-    applied steps. A plain `keras.Model` (with `AGNOptimizer`) updates its
-    loss and metrics before the optimizer runs, so there Keras's logs still
-    see the step.
+    weight or statistic: model weights, optimizer slots (and, without AGN,
+    `iterations`), AGN centers and accumulators, and a `CloneModel`'s
+    BatchNormalization statistics stay bit-identical. With an
+    `AGNOptimizer` a skipped local step still counts toward the period, in
+    every mode: its `local_step` and `iterations` advance (not its inner
+    optimizer's), and at the period's last step the commit still happens,
+    with the period's applied steps; so commits fall on the same steps with
+    or without skips, and on every worker. In a `CloneModel` the step is
+    left out of the logs too: the loss, metrics and `clone_i_loss` are
+    means over the applied steps. A plain `keras.Model` (with
+    `AGNOptimizer`) updates its loss and metrics before the optimizer runs,
+    so there Keras's logs still see the step.
 
     Skipped steps are counted in `skipped_steps` in the training logs (per
     epoch, like every Keras metric; not saved with the model). A
@@ -195,18 +209,22 @@ class InfNanCheck(keras.callbacks.Callback):
 
     With a `LossScaleOptimizer`, overflowing gradients still reach it, so it
     lowers its scale; they are counted as skipped, but only a non-finite loss
-    stops or raises.
+    stops or raises. Such a step is the `LossScaleOptimizer`'s own skip, as
+    in Keras: it never reaches an `AGNOptimizer` inside it, so it does not
+    count toward the period (on every worker alike).
 
-    Across workers (`MultiWorkerMirroredStrategy`, one replica per worker)
-    a step that is not finite on any worker is skipped on every worker (one
-    small all-reduce per step). With an `AGNOptimizer` there is none: each
-    worker skips its own non-finite local steps, which still count toward
-    the period; at each commit the workers add up their skips (one scalar
-    all-reduce), so `skipped_steps`, `"stop"` and `"raise"` agree on every
-    worker; and a commit that is not finite is skipped by every worker (a
-    skipped commit counts as a skipped step). Under `ParameterServerStrategy`
-    each worker likewise skips its own non-finite local steps, and the
-    coordinator counts them, stops or raises, and guards each commit.
+    Across workers (`MultiWorkerMirroredStrategy`, one replica per worker) a
+    step that is not finite on any worker is skipped on every worker (one
+    small all-reduce per step). With an `AGNOptimizer` whose period is
+    longer than 1 there is none: each worker skips its own non-finite local
+    steps, which still count toward the period; at each commit the workers
+    gather their skips (one small all-gather), so `skipped_steps`, `"stop"`
+    and `"raise"` agree on every worker, and the message names the first
+    skipped local step's own optimizer step; a commit that is not finite is
+    skipped by every worker (a skipped commit counts as a skipped step).
+    Under `ParameterServerStrategy` each worker likewise skips its own
+    non-finite local steps, and the coordinator counts them, stops or raises
+    (naming each local step's own optimizer step), and guards each commit.
 
     Args:
         mode: What to do after a non-finite step. `"skip"`: nothing more,

@@ -134,11 +134,13 @@ class AGNPeriods:
             for c, v in zip(result["commit"], self._variables)
         ]
         logs = {}
-        for step in result["steps"]:
+        # The optimizer steps this commit counts: the period's local steps.
+        start = tf.identity(self.optimizer.iterations.value)
+        for k, step in enumerate(result["steps"]):
             applied = None
             if "finite" in step:
                 applied = model.step_hooks.guarded(
-                    self._as_checked(step["finite"]), lambda: None
+                    self._as_checked(step["finite"], start + k), lambda: None
                 )
             logs = model.log_computed_step(step, applied)
         # The commit is one update of the centers, as a guard sees it.
@@ -152,12 +154,14 @@ class AGNPeriods:
         )
         return logs
 
-    def _as_checked(self, finite):
-        """A step whose loss and gradients are finite where a local step's
-        were (`_finiteness`): what the guard checks, and names in its
-        message, without sending the gradients."""
+    def _as_checked(self, finite, iteration):
+        """Local step `iteration` (an optimizer step), as finite where its
+        loss and gradients were (`_finiteness`): what the guard checks, and
+        names in its message, without sending the gradients."""
         values = [tf.where(f, 0.0, float("nan")) for f in tf.unstack(finite)]
-        return Step(values[1:], self._variables, loss=values[0])
+        return Step(
+            values[1:], self._variables, loss=values[0], iteration=iteration
+        )
 
 
 def _added(total, grads):

@@ -40,6 +40,8 @@ def train(model, make_optimizer, with_nan, mode="skip"):
     history = model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=callbacks)
     return {
         "steps": model.optimizer.iterations.numpy(),
+        # An AGNOptimizer's: its skipped local steps count too.
+        "local_steps": np.asarray(getattr(model.optimizer, "local_step", -1)),
         "loss": np.array(history.history["loss"]),
         "skipped_steps": np.array(history.history.get("skipped_steps", [])),
         **{f"weight_{i}": w.numpy() for i, w in enumerate(model.weights)},
@@ -63,7 +65,8 @@ def worker(out, index):
     arrays = {f"sgd_{k}": v for k, v in train(plain, sgd, True).items()}
     for k, v in train(agn, agn_sgd, True).items():
         arrays[f"agn_{k}"] = v
-    # Worker 1 alone skips step 3; both learn of it at step 4's commit.
+    # Worker 1 alone skips step 3 (optimizer step 2); both learn of it at
+    # step 4's commit, and print that step's number.
     arrays["agn_stop_steps"] = train(stopped, agn_sgd, True, "stop")["steps"]
     np.savez(os.path.join(out, f"inf_nan_{index}.npz"), **arrays)
 

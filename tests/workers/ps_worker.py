@@ -453,6 +453,8 @@ def inf_nan(strategy):
         ),
         "agn_skipped": agn_history.history["skipped_steps"],
         "agn_rounds": agn_history.history["communication_rounds"],
+        "agn_iterations": int(agn.optimizer.iterations.numpy()),
+        "agn_local_step": int(agn.optimizer.local_step.numpy()),
         "agn_raised": raised,
     }
 
