@@ -713,21 +713,47 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             for variable in var_list:
                 self.global_center_variable(variable).assign(variable)
 
-    def apply_commit(self, commit, var_list):
+    def apply_commit(self, commit, var_list, step_hooks=None, applied=None):
         """Applies one period's `commit` (a gradient per variable, by this
         optimizer's `commit` rule) taken elsewhere: the outer optimizer
-        updates the centers of `var_list`, which then take the centers'
-        values, and `iterations`, `local_step` and `communication_rounds`
-        count the period. For parameter-server training, where each
-        worker's period runs on its own copy of the weights; call it for one
-        commit at a time."""
+        updates the centers of `var_list`, through the hooks of
+        `step_hooks` (a guard may skip it), and the variables then take the
+        centers' values; `iterations`, `local_step` and
+        `communication_rounds` count the period, as `apply` counts them.
+        For parameter-server training, where each worker's period runs on
+        its own copy of the weights; call it for one commit at a time.
+
+        Args:
+            commit: One tensor per variable of `var_list`.
+            var_list: The model's trainable variables.
+            step_hooks: The `keras_clones.step_hooks.StepHooks` whose
+                hooks see the commit (the model's); by default none.
+            applied: With a period of 1, whether its one local step applied
+                (a guard's verdict): a skipped step commits nothing, and
+                still counts. None: it applied.
+        """
         centers = [self.global_center_variable(v) for v in var_list]
-        self.outer_optimizer.apply(commit, centers)
-        for variable, center in zip(var_list, centers):
-            variable.assign(center)
+
+        def to_centers():
+            self.outer_optimizer.apply(commit, centers)
+
+        def commit_to_centers():
+            self._communication_rounds.assign_add(1)
+            if step_hooks is None:
+                to_centers()
+            else:
+                step_hooks.run(
+                    Step(commit, centers, skip_agreement="none"), to_centers
+                )
+            for variable, center in zip(var_list, centers):
+                variable.assign(center)
+
+        if applied is None or self.skips_alone:
+            commit_to_centers()
+        else:
+            tf.cond(applied, commit_to_centers, lambda: None)
         self._local_step.assign_add(self.communication_period)
         internals.increment_iterations(self, self.communication_period)
-        self._communication_rounds.assign_add(1)
 
     def apply(self, grads, trainable_variables=None):
         if trainable_variables is None:
@@ -853,18 +879,15 @@ class AGNOptimizer(keras.optimizers.Optimizer):
 
     def _count_step(self, distribution, pairs, step_hooks, applied):
         self._local_step.assign_add(1)
-        if self.communication_period == 1 and applied is None:
+        if self.communication_period > 1:
+            commits = tf.equal(self._local_step % self.communication_period, 0)
+        elif applied is not None:  # The step is the commit (agreed).
+            commits = distribution.experimental_local_results(applied)[0]
+        else:
             self._synchronise(distribution, pairs, step_hooks)
             return
-        if self.communication_period == 1:
-            tf.cond(
-                distribution.experimental_local_results(applied)[0],
-                lambda: self._synchronise(distribution, pairs, step_hooks),
-                lambda: None,
-            )
-            return
         tf.cond(
-            tf.equal(self._local_step % self.communication_period, 0),
+            commits,
             lambda: self._synchronise(distribution, pairs, step_hooks),
             lambda: None,
         )
@@ -891,7 +914,8 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         if step_hooks is None:
             apply_to_centers()
         else:
-            step_hooks.count_deferred_skips()
+            if self.skips_alone:
+                step_hooks.count_deferred_skips()
             step_hooks.guarded(
                 Step(mean, centers, skip_agreement="none"), apply_to_centers
             )

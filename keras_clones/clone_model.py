@@ -732,7 +732,7 @@ class CloneModel(keras.Model):
             data, deployment
         )
         run = self._run_clones(clones, deployment, training=False)
-        with tf.device(self._deployment.optimizer_device()):
+        with tf.device(deployment.optimizer_device()):
             loss = tf.add_n(run.contributions)
             y_pred = _merge_outputs(run.y_preds, run.sizes)
         return self._logs((x, y, sample_weight), y_pred, batch_size, loss, run)

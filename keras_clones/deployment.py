@@ -517,7 +517,6 @@ class DeploymentConfig:
             for i in range(self._num_clones)
             if i not in absent
         ]
-        existing = list(dict.fromkeys(existing))  # clone_on_cpu repeats one.
         deployment = DeploymentConfig(devices=existing or None)
         return deployment, [device for _, device in missing]
 

@@ -71,7 +71,8 @@ def apply_in_parts(optimizer, hooks, step, before=None):
         optimizer.apply_local(grads, variables)
 
     optimizer.begin_local_step(variables)
-    agreement = "deferred" if optimizer.skips_alone else "all_reduce"
+    alone = getattr(optimizer, "skips_alone", True)
+    agreement = "deferred" if alone else "all_reduce"
     applied = hooks.run(step._replace(skip_agreement=agreement), update)
     optimizer.end_local_step(grads, variables, hooks, applied)
     return applied

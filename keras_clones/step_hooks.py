@@ -35,8 +35,9 @@ class Step(typing.NamedTuple):
     clone_losses: tuple = ()  # Each clone's share of the loss (CloneModel).
     # How workers agree on skipping it: "all_reduce" when the update
     # communicates (all-reduced gradients), so all must skip it together;
-    # "deferred" for an `AGNOptimizer`'s local step, which a worker skips
-    # alone, the skips counted at the commit (`count_deferred_skips`);
+    # "deferred" for an `AGNOptimizer`'s local step (a period longer than 1:
+    # `skips_alone`), which a worker skips alone, the skips counted at the
+    # commit (`count_deferred_skips`);
     # "none" for its commit, which is the same on every worker.
     skip_agreement: str = "all_reduce"
     # The optimizer step this is (`optimizer.iterations` before it), where
@@ -112,7 +113,7 @@ class StepHooks:
         if self._guard is None:
             update()
             return None
-        return self._guard.apply_if(step, update, on_skip)
+        return self._verdict(self._guard.apply_if(step, update, on_skip))
 
     def guarded(self, step, update):
         """Runs `update()` through the guard only (no observers), for a
@@ -124,7 +125,18 @@ class StepHooks:
         if self._guard is None:
             update()
             return None
-        return self._guard.apply_if(step, update, None)
+        return self._verdict(self._guard.apply_if(step, update, None))
+
+    def _verdict(self, applied):
+        """The guard's answer: a boolean tensor, which the host needs (an
+        `AGNOptimizer` commits a one-step period only if it applied)."""
+        if applied is None:
+            raise TypeError(
+                "A step hook's `apply_if(step, update, on_skip)` must return "
+                "whether the update ran, as a boolean tensor (e.g. the "
+                f"`tf.cond` predicate). {self._guard!r} returned None."
+            )
+        return applied
 
     def count_deferred_skips(self):
         """Called by the host where every worker synchronises (an

@@ -376,15 +376,21 @@ def test_invalid_mode():
     assert InfNanCheck("stop").get_config() == {"mode": "stop"}
 
 
-def test_agn_period_one_skips_as_the_bare_optimizer():
-    # AGN(Adam, 1) against bare Adam, both guarded in a CloneModel: the
-    # skipped step commits nothing, is counted once, and the weights and
-    # Adam's slots match; the wrapper's counters still count it.
-    bare = clone_model()
+@pytest.mark.parametrize(
+    "agn_model",
+    [lambda: clone_model(batch_norm=False), plain_model],
+    ids=["clone_model", "plain_model"],
+)
+def test_agn_period_one_skips_as_the_bare_optimizer(agn_model):
+    # AGN(Adam, 1) against bare Adam guarded in a CloneModel (the same
+    # layers and initial weights): the skipped step commits nothing, is
+    # counted once, and the weights and Adam's slots match; the wrapper's
+    # counters still count it.
+    bare = clone_model(batch_norm=False)
     bare_history = train(
         bare, keras.optimizers.Adam(0.01), True, [InfNanCheck()]
     )
-    agn = clone_model()
+    agn = agn_model()
     optimizer = AGNOptimizer(keras.optimizers.Adam(0.01), 1)
     history = train(agn, optimizer, True, [InfNanCheck()])
     assert history["skipped_steps"] == bare_history["skipped_steps"] == [1.0]

@@ -355,6 +355,10 @@ def test_inf_nan_check_skips_a_step_on_every_worker_when_one_is_not_finite(
         # "stop": both workers stop after the commit that counted the skip.
         assert worker["agn_stop_steps"] == 4
         assert worker["agn_steps"] == worker["agn_local_steps"] == 8
+        # AGN(1): both skip the step together, commit nothing, and match
+        # SGD without the nan batch (reference); its counters count it.
+        np.testing.assert_array_equal(worker["agn1_skipped_steps"], [1, 1])
+        assert worker["agn1_steps"] == worker["agn1_local_steps"] == 8
         for name in reference.files:
             if name != "sgd_skipped_steps":
                 np.testing.assert_allclose(

@@ -159,6 +159,11 @@ def test_inf_nan_check_skips_agns_local_step_on_the_worker(scenario):
     assert result["agn_raised"].startswith(
         "InfNanCheck: the loss is not finite at optimizer step 1 "
     )
+    # A period of 1 with outer momentum, against AGN in one process: the
+    # skipped step commits nothing (the centers would move by momentum),
+    # and counts in `iterations` (12) but not in the rounds (10).
+    assert result["period_one_weights"] < 1e-5
+    assert result["period_one_counters"] == [[12, 10], [12, 10]]
 
 
 @pytest.mark.parametrize(

@@ -156,3 +156,15 @@ def test_callbacks_cost_at_most_one_trace_per_fit(tmp_path):
     assert traces([]) <= 1
     assert model.step_hooks.guard is None
     assert model.step_hooks.observers == ()
+
+
+def test_a_guard_that_returns_nothing_is_refused_saying_what_to_return():
+    class Silent:
+        def apply_if(self, step, update, on_skip=None):
+            update()
+
+    model = make_model(deployment=two_clones())
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    attach(model, model.step_hooks, Silent())
+    with pytest.raises(TypeError, match="must return whether the update ran"):
+        model.train_on_batch(*batch())

@@ -87,7 +87,7 @@ class _NonFiniteGuard:
 
     def count_deferred_skips(self):
         """Counts the local steps that every worker skipped since the last
-        call, and the first one's optimizer step, in one all-reduce (at a
+        call, and the first one's optimizer step, in one all-gather (at a
         point every worker reaches, such as an `AGNOptimizer`'s commit)."""
         if not topology.across_workers(tf.distribute.get_strategy()):
             return  # Nothing was deferred.
@@ -224,7 +224,8 @@ class InfNanCheck(keras.callbacks.Callback):
     skipped by every worker (a skipped commit counts as a skipped step).
     Under `ParameterServerStrategy` each worker likewise skips its own
     non-finite local steps, and the coordinator counts them, stops or raises
-    (naming each local step's own optimizer step), and guards each commit.
+    (naming each local step's optimizer step, as the coordinator numbers
+    the steps of the commit), and guards each commit.
 
     Args:
         mode: What to do after a non-finite step. `"skip"`: nothing more,

@@ -134,7 +134,8 @@ class AGNPeriods:
             for c, v in zip(result["commit"], self._variables)
         ]
         logs = {}
-        # The optimizer steps this commit counts: the period's local steps.
+        # The optimizer steps this commit counts, numbered as the
+        # coordinator counts them: `iterations` before each local step.
         start = tf.identity(self.optimizer.iterations.value)
         for k, step in enumerate(result["steps"]):
             applied = None
@@ -144,9 +145,8 @@ class AGNPeriods:
                 )
             logs = model.log_computed_step(step, applied)
         # The commit is one update of the centers, as a guard sees it.
-        model.step_hooks.run(
-            Step(commit, self._centers, skip_agreement="none"),
-            lambda: self.optimizer.apply_commit(commit, self._variables),
+        self.optimizer.apply_commit(
+            commit, self._variables, model.step_hooks, applied
         )
         logs = dict(logs)
         logs["communication_rounds"] = tf.identity(

@@ -56,15 +56,23 @@ def agn_sgd():
     return keras_clones.AGNOptimizer(sgd(), communication_period=2)
 
 
+def agn_sgd_every_step():
+    """A period of 1: a skipped step commits nothing, as SGD skips it."""
+    return keras_clones.AGNOptimizer(sgd(), communication_period=1)
+
+
 def worker(out, index):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
         plain = clone_model(batch_norm=False, num_clones=2)
         agn = clone_model(batch_norm=False, num_clones=2)
+        agn_every_step = clone_model(batch_norm=False, num_clones=2)
         stopped = clone_model(batch_norm=False, num_clones=2)
     arrays = {f"sgd_{k}": v for k, v in train(plain, sgd, True).items()}
     for k, v in train(agn, agn_sgd, True).items():
         arrays[f"agn_{k}"] = v
+    for k, v in train(agn_every_step, agn_sgd_every_step, True).items():
+        arrays[f"agn1_{k}"] = v
     # Worker 1 alone skips step 3 (optimizer step 2); both learn of it at
     # step 4's commit, and print that step's number.
     arrays["agn_stop_steps"] = train(stopped, agn_sgd, True, "stop")["steps"]
@@ -88,6 +96,10 @@ def agn_by_hand_without_the_nan_step():
 def reference(out):
     model = clone_model(batch_norm=False, num_clones=4)
     arrays = {f"sgd_{k}": v for k, v in train(model, sgd, False).items()}
+    # AGN(1) trains as the bare optimizer: SGD without the nan batch.
+    for name in list(arrays):
+        if name.startswith("sgd_weight_"):
+            arrays[name.replace("sgd_", "agn1_")] = arrays[name]
     for i, weight in enumerate(agn_by_hand_without_the_nan_step()):
         arrays[f"agn_weight_{i}"] = weight
     np.savez(os.path.join(out, "inf_nan_reference.npz"), **arrays)

@@ -442,6 +442,21 @@ def inf_nan(strategy):
         raised = "no error"
     except RuntimeError as e:
         raised = str(e)
+    # A period of 1: the worker against AGN in one process, both guarded.
+    one_step, _ = fit_agn_on(
+        strategy, nan_dataset, check(), momentum_agn_of_one_step
+    )
+    local = batch_normalized(keras_clones.CloneModel)
+    local.compile(momentum_agn_of_one_step(), "mse")
+    local.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        callbacks=[check()],
+        verbose=0,
+    )
     return {
         "weights": max_difference(model.get_weights(), plain.get_weights()),
         "skipped": history.history["skipped_steps"],
@@ -455,26 +470,47 @@ def inf_nan(strategy):
         "agn_rounds": agn_history.history["communication_rounds"],
         "agn_iterations": int(agn.optimizer.iterations.numpy()),
         "agn_local_step": int(agn.optimizer.local_step.numpy()),
+        "period_one_weights": max_difference(
+            one_step.get_weights(), local.get_weights()
+        ),
+        "period_one_counters": [
+            [
+                int(model.optimizer.iterations.numpy()),
+                int(model.optimizer.communication_rounds.numpy()),
+            ]
+            for model in (one_step, local)
+        ],
         "agn_raised": raised,
     }
 
 
-def fit_agn_on(strategy, dataset, inf_nan_check):
-    """An AGN model with BatchNormalization (inner SGD, the undivided
-    weight change, outer SGD(1.0)) trained on `dataset` with
-    `inf_nan_check`; it and its history."""
+def weight_change_agn():
+    """Inner SGD, the undivided weight change, outer SGD(1.0): plain SGD
+    with one worker."""
+    return keras_clones.AGNOptimizer(
+        keras.optimizers.SGD(0.05),
+        communication_period=3,
+        outer_optimizer=keras.optimizers.SGD(1.0),
+        commit="weight_change",
+        normalize=False,
+    )
+
+
+def momentum_agn_of_one_step():
+    """A period of 1, outer momentum: a skipped step must commit nothing."""
+    return keras_clones.AGNOptimizer(
+        keras.optimizers.SGD(0.05),
+        communication_period=1,
+        outer_optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+    )
+
+
+def fit_agn_on(strategy, dataset, inf_nan_check, optimizer=weight_change_agn):
+    """An AGN model with BatchNormalization trained on `dataset` with
+    `inf_nan_check` and `optimizer()`; it and its history."""
     with strategy.scope():
         model = batch_normalized(keras_clones.CloneModel)
-        model.compile(
-            keras_clones.AGNOptimizer(
-                keras.optimizers.SGD(0.05),
-                communication_period=3,
-                outer_optimizer=keras.optimizers.SGD(1.0),
-                commit="weight_change",
-                normalize=False,
-            ),
-            "mse",
-        )
+        model.compile(optimizer(), "mse")
     history = model.fit(
         dataset,
         epochs=EPOCHS,
