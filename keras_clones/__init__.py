@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AGNOptimizer",
     "CloneModel",
+    "ComputedStep",
     "DeploymentConfig",
     "callbacks",
     "step_hooks",
@@ -41,4 +42,5 @@ if sys.argv[:1] != ["-m"]:
     from keras_clones import step_hooks
     from keras_clones.agn import AGNOptimizer
     from keras_clones.clone_model import CloneModel
+    from keras_clones.clone_model import ComputedStep
     from keras_clones.deployment import DeploymentConfig

@@ -8,8 +8,11 @@ import keras
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
+from keras_clones import clone_reads
+from keras_clones import computed_step
 from keras_clones import optimizer_capabilities
 from keras_clones import replication
+from keras_clones.computed_step import ComputedStep
 from keras_clones.deployment import DeploymentConfig
 from keras_clones.multi_worker import agreement
 from keras_clones.multi_worker import collectives
@@ -114,97 +117,34 @@ def _loss_reduction(loss):
     return kinds.pop() if kinds else "share"
 
 
-class _StateUpdate:
-    """Float state the clones assign (BatchNormalization's moving
-    statistics), moved once per step by the slice-weighted mean of the
-    clones' updates: each clone starts from the same state."""
-
-    def __init__(self, variables):
-        self.variables = variables
-        self.before = [tf.identity(v.value) for v in variables]
-        self.deltas = [tf.zeros_like(b) for b in self.before]
-
-    def keep_clone_update(self, share, copies=None):
-        """Keeps the update of the clone that just ran, weighted by its
-        `share` of the batch, and undoes it; on replicated copies, also
-        applies what the clone assigned to other variables."""
-        for k, (v, before) in enumerate(zip(self.variables, self.before)):
-            after = v.value if copies is None else copies.value_of(v)
-            self.deltas[k] += (tf.identity(after) - before) * share
-            if copies is None:
-                v.assign(before)
-        if copies is not None:
-            copies.apply_updates(exclude=self.variables)
-
-    def average_across_workers(self):
-        if self.deltas:
-            self.deltas = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.MEAN, self.deltas
-            )
-
-    def apply(self):
-        for v, before, delta in zip(self.variables, self.before, self.deltas):
-            v.assign(before + delta)
+def _deprecated(name, replacement):
+    warnings.warn(
+        f"`CloneModel.{name}` is deprecated and will be removed: use "
+        f"`{replacement}` (a `ComputedStep`, not a dict).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
-class _StatelessValues(_StateUpdate):
-    """The values a stateless step reads instead of the model's variables
-    (`CloneModel.stateless_compute_gradients`): each clone runs in a
-    `keras.StatelessScope` on them. As in `_StateUpdate`, each clone starts
-    from the same float state and its update is kept as a slice-weighted
-    delta; other state (a seed generator's) runs on from clone to clone.
-    After `apply()`, `non_trainable_values` holds the new state."""
-
-    def __init__(self, model, trainable_values, non_trainable_values):
-        trainable_values = _values_for(
-            model.trainable_variables, trainable_values, "trainable_variables"
-        )
-        self.trainable = list(zip(model.trainable_variables, trainable_values))
-        self.trainable_values = trainable_values
-        self.non_trainable = model.non_trainable_variables
-        self.non_trainable_values = _values_for(
-            self.non_trainable, non_trainable_values, "non_trainable_variables"
-        )
-        position = {id(v): k for k, v in enumerate(self.non_trainable)}
-        self.positions = [position[id(v)] for v in model._state_variables()]
-        self.before = [self.non_trainable_values[k] for k in self.positions]
-        self.deltas = [tf.zeros_like(b) for b in self.before]
-
-    def scope(self):
-        """Where a clone reads the values."""
-        return keras.StatelessScope(
-            self.trainable
-            + list(zip(self.non_trainable, self.non_trainable_values))
-        )
-
-    def keep_clone_update(self, share, scope):
-        values = self.non_trainable_values
-        for k, variable in enumerate(self.non_trainable):
-            values[k] = scope.get_current_value(variable)
-        for j, k in enumerate(self.positions):
-            self.deltas[j] += (values[k] - self.before[j]) * share
-            values[k] = self.before[j]
-
-    def apply(self):
-        for j, k in enumerate(self.positions):
-            self.non_trainable_values[k] = self.before[j] + self.deltas[j]
-
-
-def _values_for(variables, values, name):
-    """`values` as tensors of `variables`' dtypes (what a `StatelessScope`
-    maps them to, and what gradients are taken against); a `ValueError` if
-    there is not one per variable."""
-    values = list(values)
-    if len(values) != len(variables):
-        raise ValueError(
-            f"`{name}` must hold one value per variable of `model.{name}` "
-            f"({len(variables)}, in that order). Received: {len(values)} "
-            "values."
-        )
-    return [
-        keras.ops.convert_to_tensor(value, dtype=variable.dtype)
-        for variable, value in zip(variables, values)
-    ]
+def _step_record(run, data, batch_size, y_pred, **training):
+    """The `ComputedStep` of a run of the clones on `data`: `training`
+    gives its gradients and moved state (none in evaluation)."""
+    x, y, sample_weight = data
+    fields = dict(
+        grads=[], copy_grads=[], moved_state=[], non_trainable_values=None
+    )
+    fields.update(training)
+    return ComputedStep(
+        clone_contributions=run.contributions,
+        clone_losses=run.losses,
+        clone_sizes=run.sizes,
+        x=x,
+        y=y,
+        y_pred=y_pred,
+        sample_weight=sample_weight,
+        batch_size=batch_size,
+        **fields,
+    )
 
 
 class _ClonesRun(typing.NamedTuple):
@@ -215,19 +155,7 @@ class _ClonesRun(typing.NamedTuple):
     sizes: list  # Each clone's rows.
     y_preds: list  # Each clone's predictions on its slice.
     grads: list  # In training, each clone's gradients.
-    state: _StateUpdate
-
-
-def _computed_run(computed):
-    """The `_ClonesRun` of a step computed on a worker."""
-    return _ClonesRun(
-        computed["clone_contributions"],
-        computed["clone_losses"],
-        computed["clone_sizes"],
-        [computed["y_pred"]],
-        [computed.get("grads")],
-        _StateUpdate([]),
-    )
+    reads: object  # In training, what the clones read and moved.
 
 
 class _CloneLosses:
@@ -616,115 +544,169 @@ class CloneModel(keras.Model):
         return (x, y, sample_weight), batch_size, clones
 
     def train_step(self, data):
-        # Split the batch and run the clones: each one's forward pass, loss
-        # and gradients on its slice, on its device.
-        (x, y, sample_weight), batch_size, clones = self._split(
-            data, self._deployment
-        )
-        run = self._run_clones(clones, self._deployment, training=True)
-        # Combine: gradients summed, the clones' losses added, and float
-        # state (BatchNormalization) moved once, on the optimizer device.
-        with tf.device(self._deployment.optimizer_device()):
-            grads = self._combine(run)
-            loss = tf.add_n(run.contributions)
-            # Apply once, through the step hooks (a guard may skip it).
-            applied = self._apply(run, grads, loss)
-            y_pred = _merge_outputs(run.y_preds, run.sizes)
+        # Split the batch, run the clones (each one's forward pass, loss and
+        # gradients on its slice, on its device) and combine them.
+        computed = self.compute(data)
+        # Apply once, through the step hooks (a guard may skip it).
+        applied = self.apply(computed)
         # Logs, as a plain model reports them (`clone_i_loss` in fit's).
-        logs = self._logs(
-            (x, y, sample_weight), y_pred, batch_size, loss, run, applied
+        return self.log(computed, applied)
+
+    def compute(self, data, values=None):
+        """The first half of a training step: splits `data` into one slice
+        per clone, runs each clone's forward pass, loss and gradients on its
+        device, and combines them on the optimizer device (gradients summed,
+        the moved float state averaged). Nothing is applied: the model's
+        variables are as before (what the clones assign is undone).
+
+        Under parameter-server training a worker runs it, and the
+        coordinator `apply` and `log`.
+
+        Args:
+            data: A batch, as `train_step` takes it.
+            values: Optional `(trainable_values, non_trainable_values)`:
+                tensors (or NumPy values) in the order of
+                `model.trainable_variables` and
+                `model.non_trainable_variables`, which the clones read
+                instead of the variables, as Keras's `stateless_call`
+                (gradients are then taken with respect to them).
+
+        Returns:
+            A `ComputedStep`. With `values`, its `non_trainable_values`
+            are the non-trainable values after the step (the moved state
+            included).
+        """
+        deployment = self._deployment
+        given = None
+        if values is not None:
+            given = clone_reads.GivenValues(self, *values)
+        (x, y, sample_weight), batch_size, clones = self._split(
+            data, deployment
         )
+        run = self._run_clones(clones, deployment, training=True, given=given)
+        with tf.device(deployment.optimizer_device()):
+            grads, copy_grads = self._combine(run, replicated=given is None)
+            y_pred = _merge_outputs(run.y_preds, run.sizes)
+        return _step_record(
+            run,
+            (x, y, sample_weight),
+            batch_size,
+            y_pred,
+            grads=grads,
+            copy_grads=copy_grads,
+            moved_state=run.reads.moved.values(),
+            non_trainable_values=run.reads.non_trainable_values(),
+        )
+
+    def apply(self, computed):
+        """The second half of a training step: the moved state and one
+        optimizer update of `computed` (a `ComputedStep`), through the step
+        hooks: observers see the step, and a guard may skip it (then
+        neither applies).
+
+        Returns:
+            Whether the update applied (a boolean tensor), or None without
+            a guard.
+        """
+        trainable = self.trainable_variables
+        state_variables = self._state_variables()
+
+        def move_state():
+            for variable, value in zip(state_variables, computed.moved_state):
+                variable.assign(value)
+
+        step = Step(
+            computed.grads,
+            trainable,
+            computed.loss,
+            tuple(computed.clone_contributions),
+        )
+        with tf.device(self._deployment.optimizer_device()):
+            if (
+                self._replicas is None
+                and trainable
+                and optimizer_capabilities.takes_local_steps(self.optimizer)
+            ):
+                # An AGNOptimizer's step in parts, so that across workers
+                # the guard skips only this worker's local step.
+                return optimizer_capabilities.apply_in_parts(
+                    self.optimizer, self._step_hooks, step, before=move_state
+                )
+
+            def apply_gradients():
+                if self._replicas is None:
+                    self.optimizer.apply(computed.grads, trainable)
+                else:
+                    self._replicas.apply(computed.copy_grads)
+
+            def update():
+                move_state()
+                if trainable and self.optimizer is not None:
+                    apply_gradients()
+
+            # A LossScaleOptimizer must see a skipped step's overflow, to
+            # lower its scale; it skips its inner optimizer's update itself.
+            loss_scaled = optimizer_capabilities.loss_scaled(self.optimizer)
+            return self._step_hooks.run(
+                step, update, on_skip=apply_gradients if loss_scaled else None
+            )
+
+    def log(self, computed, applied=None):
+        """The logs of a step: the loss and compiled metrics on the whole
+        batch, as a plain model logs them, and `fit`'s own (`clone_i_loss`,
+        the step hooks' metrics, `communication_rounds`). A step that a
+        guard skipped (`applied` false) is left out, so that the epoch's
+        logs are means over the applied steps.
+
+        Args:
+            computed: A `ComputedStep` (its `x` may be None: metrics then
+                get `x=None`).
+            applied: What `apply` returned, or None.
+        """
+        logs = self._metrics_logs(computed, applied)
         logs.update(self._fit_only_logs())
         return logs
 
     def compute_gradients(self, data):
-        """The first half of `train_step`, where parameter-server training
-        runs it: on a worker, against the variables it reads from the
-        parameter servers.
+        """Deprecated: use `compute` (then `apply` and `log`).
 
-        Splits `data` and runs the clones, and moves the float state
-        (BatchNormalization's) there. Returns a dict of tensors for
-        `apply_computed_gradients`: the gradients summed over clones, and
-        what the logs need.
-        """
-        return self._computed_gradients(data)
+        `compute`, with the float state (BatchNormalization's) moved, as a
+        dict of tensors for `apply_computed_gradients`."""
+        _deprecated("compute_gradients", "compute")
+        computed = self.compute(data)
+        for variable, value in zip(
+            self._state_variables(), computed.moved_state
+        ):
+            variable.assign(value)
+        return computed_step.as_dict(computed)
 
     def stateless_compute_gradients(
         self, trainable_variables, non_trainable_variables, data
     ):
-        """`compute_gradients` on values of the variables, as Keras's
-        `stateless_call`: a worker's own copy of the model (an
-        `AGNOptimizer`'s local steps under parameter-server training).
-        Nothing is assigned.
+        """Deprecated: use `compute(data, values=(trainable_variables,
+        non_trainable_variables))`.
 
-        Args:
-            trainable_variables: Tensors, in the order of
-                `model.trainable_variables`.
-            non_trainable_variables: Tensors, in the order of
-                `model.non_trainable_variables`.
-            data: A batch, as `train_step` takes it.
-
-        Returns:
-            `(computed, non_trainable_variables)`: the dict of
-            `compute_gradients` (gradients with respect to
-            `trainable_variables`), and the new values of the non-trainable
-            variables (the state the clones' forward passes moved, as
-            `train_step` moves it).
-        """
-        values = _StatelessValues(
-            self, trainable_variables, non_trainable_variables
+        Returns `(computed, non_trainable_variables)`: the dict of
+        `compute_gradients`, and the non-trainable values after the step."""
+        _deprecated("stateless_compute_gradients", "compute(data, values)")
+        computed = self.compute(
+            data, values=(trainable_variables, non_trainable_variables)
         )
-        computed = self._computed_gradients(data, values)
-        return computed, values.non_trainable_values
-
-    def _computed_gradients(self, data, values=None):
-        (_, y, sample_weight), batch_size, clones = self._split(
-            data, self._deployment
-        )
-        run = self._run_clones(
-            clones, self._deployment, training=True, values=values
-        )
-        with tf.device(self._deployment.optimizer_device()):
-            grads = self._combine(run, replicated=values is None)
-            run.state.apply()
-            y_pred = _merge_outputs(run.y_preds, run.sizes)
-        return {
-            "grads": grads,
-            "y": y,
-            "y_pred": y_pred,
-            "sample_weight": sample_weight,
-            "batch_size": batch_size,
-            "clone_contributions": run.contributions,
-            "clone_losses": run.losses,
-            "clone_sizes": run.sizes,
-        }
+        return computed_step.as_dict(computed), computed.non_trainable_values
 
     def apply_computed_gradients(self, computed):
-        """The second half of `train_step` (see `compute_gradients`): one
-        optimizer update through the step hooks, and the logs. Metrics get
-        `x=None`: the inputs stay on the worker."""
-        run = _computed_run(computed)
-        loss = tf.add_n(run.contributions)
-        applied = self._apply(run, computed["grads"], loss)
-        return self._computed_logs(computed, run, loss, applied)
+        """Deprecated: use `apply` and `log`. Applies a dict of
+        `compute_gradients` (its state already moved) and returns the
+        logs."""
+        _deprecated("apply_computed_gradients", "apply` and `log")
+        computed = computed_step.from_dict(computed)
+        return self.log(computed, self.apply(computed))
 
     def log_computed_step(self, computed, applied=None):
-        """The logs of a step computed on a worker (as by
-        `compute_gradients`) whose update is applied elsewhere: an
-        `AGNOptimizer`'s local step under parameter-server training. With
-        `applied` (a boolean tensor: a guard's verdict), a skipped step is
-        left out of the logs."""
-        run = _computed_run(computed)
-        loss = tf.add_n(run.contributions)
-        return self._computed_logs(computed, run, loss, applied)
-
-    def _computed_logs(self, computed, run, loss, applied=None):
-        data = (None, computed["y"], computed["sample_weight"])
-        logs = self._logs(
-            data, computed["y_pred"], computed["batch_size"], loss, run, applied
-        )
-        logs.update(self._fit_only_logs())
-        return logs
+        """Deprecated: use `log`. The logs of a dict of
+        `compute_gradients`."""
+        _deprecated("log_computed_step", "log")
+        return self.log(computed_step.from_dict(computed), applied)
 
     def test_step(self, data):
         deployment = self._inference_deployment()
@@ -733,9 +715,9 @@ class CloneModel(keras.Model):
         )
         run = self._run_clones(clones, deployment, training=False)
         with tf.device(deployment.optimizer_device()):
-            loss = tf.add_n(run.contributions)
             y_pred = _merge_outputs(run.y_preds, run.sizes)
-        return self._logs((x, y, sample_weight), y_pred, batch_size, loss, run)
+        evaluated = _step_record(run, (x, y, sample_weight), batch_size, y_pred)
+        return self._metrics_logs(evaluated)
 
     def predict_step(self, data):
         deployment = self._inference_deployment()
@@ -749,35 +731,35 @@ class CloneModel(keras.Model):
         with tf.device(deployment.inputs_device()):
             return _merge_outputs(y_preds, [c.size for c in clones])
 
-    def _run_clones(self, clones, deployment, training, values=None):
-        """Phase 2: every clone's forward pass and loss on its slice, under
-        its device and name scope in `deployment`, and in training its
+    def _run_clones(self, clones, deployment, training, given=None):
+        """Every clone's forward pass and loss on its slice, under its
+        device and name scope in `deployment`, and in training its
         gradients.
 
         In training, clones read their copies of replicated variables, or
-        the given `values` (`_StatelessValues`), and each clone starts from
-        the same float state: what it assigns is undone and kept as a
-        slice-weighted delta (`_StateUpdate`), so that the state moves once
-        per step.
+        the `given` values (`clone_reads.GivenValues`), and each clone
+        starts from the same float state: what it assigns is undone and
+        kept as a slice-weighted move (`clone_reads.MovedState`), so that
+        the state moves once per step.
         """
         reduction = _loss_reduction(self.loss)  # Refuses what cannot split.
-        replicas = self._replicas if training and values is None else None
+        replicas = self._replicas if training and given is None else None
         if replicas is not None:
             replicas.sync_if_stale()
-        state = values
-        if values is None:
-            state = _StateUpdate(self._state_variables() if training else [])
-        run = _ClonesRun([], [], [], [], [], state)
+        reads = given
+        if training and given is None:
+            reads = clone_reads.VariableReads(self._state_variables())
+        run = _ClonesRun([], [], [], [], [], reads)
         for i, clone in enumerate(clones):
-            reads, sources = self._clone_reads(i, replicas, values)
+            scope, sources = self._clone_reads(i, replicas, given)
             tape = tf.GradientTape() if training else contextlib.nullcontext()
             with self._clone_scope(i, deployment):
                 with tape:
-                    if values is not None:
+                    if given is not None:
                         tape.watch(sources)
                     # Reads clone i's copies or values, where the tape sees
                     # them.
-                    with reads or contextlib.nullcontext():
+                    with scope or contextlib.nullcontext():
                         y_pred, loss = self._forward(i, clone, training)
                         contribution = self._weighted_loss(
                             loss, clone, reduction
@@ -787,18 +769,18 @@ class CloneModel(keras.Model):
                         scaled = self.optimizer.scale_loss(contribution)
                 if training:
                     run.grads.append(tape.gradient(scaled, sources))
-                    state.keep_clone_update(clone.share, reads)
+                    reads.keep_clone_update(clone.share, scope)
             run.contributions.append(contribution)
             run.losses.append(loss)
             run.sizes.append(clone.size)
             run.y_preds.append(y_pred)
         return run
 
-    def _clone_reads(self, i, replicas, values):
+    def _clone_reads(self, i, replicas, given):
         """Where clone i reads the weights (a scope, or None for the
         model's variables), and what its gradients are taken against."""
-        if values is not None:
-            return values.scope(), values.trainable_values
+        if given is not None:
+            return given.scope(), given.trainable_values
         if replicas is not None:
             return replicas.scope(i), replicas.variables[i]
         return None, self.trainable_variables
@@ -819,75 +801,43 @@ class CloneModel(keras.Model):
         return y_pred, loss
 
     def _combine(self, run, replicated=True):
-        """Phase 3: the gradients of the whole batch, summed over clones
-        (all-reduced between replicated copies, unless `replicated` is
-        false: the clones ran on given values). Across workers, every
-        worker's are made non-finite when any worker's overflowed, so that
-        a `LossScaleOptimizer` skips the step on all of them, and the state
-        moves by the mean of the workers' updates."""
+        """The gradients of the whole batch, summed over clones, and, for
+        replicated variables, each copy's all-reduced gradients (unless
+        `replicated` is false: the clones ran on given values). Across
+        workers, every worker's are made non-finite when any worker's
+        overflowed, so that a `LossScaleOptimizer` skips the step on all of
+        them, and the state moves by the mean of the workers' moves."""
+        copy_grads = []
         if self._replicas is None or not replicated:
             grads = [_sum_gradients(g) for g in zip(*run.grads)]
         else:
-            run.grads[:] = self._replicas.all_reduce(run.grads)
-            grads = run.grads[0]
+            copy_grads = self._replicas.all_reduce(run.grads)
+            grads = copy_grads[0]
         strategy = self.distribute_strategy
         if strategy.num_replicas_in_sync > 1:
             if optimizer_capabilities.loss_scaled(self.optimizer):
                 grads = collectives.agree_on_overflow(grads)
-            run.state.average_across_workers()
-        return grads
+            run.reads.moved.average_across_workers()
+        return grads, copy_grads
 
-    def _apply(self, run, grads, loss):
-        """Phase 4: the state update and one optimizer update, through the
-        step hooks: observers see the step, and a guard may skip it.
-        Returns whether it applied (a boolean tensor), or None without a
-        guard."""
-        trainable = self.trainable_variables
-        step = Step(grads, trainable, loss, tuple(run.contributions))
-        if (
-            self._replicas is None
-            and trainable
-            and optimizer_capabilities.takes_local_steps(self.optimizer)
-        ):
-            # An AGNOptimizer's step in parts, so that across workers the
-            # guard skips only this worker's local step.
-            return optimizer_capabilities.apply_in_parts(
-                self.optimizer, self._step_hooks, step, before=run.state.apply
-            )
-
-        def apply_gradients():
-            if self._replicas is None:
-                self.optimizer.apply(grads, trainable)
-            else:
-                self._replicas.apply(run.grads)
+    def _metrics_logs(self, computed, applied=None):
+        """The loss and compiled metrics of `computed` on the whole batch,
+        and each clone's loss, as a plain model logs them; a step that a
+        guard skipped (`applied` false) is left out."""
 
         def update():
-            run.state.apply()
-            if trainable and self.optimizer is not None:
-                apply_gradients()
-
-        # A LossScaleOptimizer must see a skipped step's overflow, to lower
-        # its scale; it skips its inner optimizer's update itself.
-        loss_scaled = optimizer_capabilities.loss_scaled(self.optimizer)
-        return self._step_hooks.run(
-            step, update, on_skip=apply_gradients if loss_scaled else None
-        )
-
-    def _logs(self, data, y_pred, batch_size, loss, run, applied=None):
-        """Phase 5: the loss and compiled metrics on the whole batch, and
-        each clone's loss, as a plain model logs them. A step that a guard
-        skipped (`applied` false) is left out, so that the epoch's logs are
-        means over the applied steps."""
-        x, y, sample_weight = data
-
-        def update():
-            for i, (clone_loss, rows) in enumerate(zip(run.losses, run.sizes)):
+            clone_parts = zip(computed.clone_losses, computed.clone_sizes)
+            for i, (clone_loss, rows) in enumerate(clone_parts):
                 self._clone_losses.update(i, self._unscaled(clone_loss), rows)
             internals.loss_tracker(self).update_state(
-                self._unscaled(loss), sample_weight=batch_size
+                self._unscaled(computed.loss),
+                sample_weight=computed.batch_size,
             )
             return self.compute_metrics(
-                x, y, y_pred, sample_weight=sample_weight
+                computed.x,
+                computed.y,
+                computed.y_pred,
+                sample_weight=computed.sample_weight,
             )
 
         if applied is None:

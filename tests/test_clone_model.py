@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import keras_clones
 from keras_clones import CloneModel
 from keras_clones import DeploymentConfig
 
@@ -478,29 +479,38 @@ def normalized_dropout_model():
     return model
 
 
-def test_stateless_compute_gradients_equals_compute_gradients_unassigned():
-    model = normalized_dropout_model()
+def normalized_batch():
     rng = np.random.default_rng(7)
-    batch = (
+    return (
         tf.constant(rng.normal(2.0, 3.0, size=(6, 4)), "float32"),
         tf.constant(rng.normal(size=(6, 1)), "float32"),
     )
+
+
+def test_compute_on_values_equals_compute_on_the_variables_unassigned():
+    model = normalized_dropout_model()
+    batch = normalized_batch()
     trainable = [v.numpy() for v in model.trainable_variables]
     start = [v.numpy() for v in model.non_trainable_variables]
     # NumPy values are taken as Keras's `stateless_call` takes them.
-    computed, moved = model.stateless_compute_gradients(trainable, start, batch)
+    on_values = model.compute(batch, values=(trainable, start))
     for variable, value in zip(model.non_trainable_variables, start):
         np.testing.assert_array_equal(variable.numpy(), value)  # Untouched.
-    expected = model.compute_gradients(batch)  # Moves the variables.
-    for grad, reference in zip(computed["grads"], expected["grads"]):
+    expected = model.compute(batch)
+    for grad, reference in zip(on_values.grads, expected.grads):
         np.testing.assert_allclose(grad.numpy(), reference.numpy(), atol=1e-6)
+    for moved, reference in zip(on_values.moved_state, expected.moved_state):
+        np.testing.assert_allclose(moved.numpy(), reference.numpy(), atol=1e-6)
+    # `compute` moved nothing but the seed; `apply` moves the statistics.
+    model.apply(expected)
+    moved = on_values.non_trainable_values
     for value, variable in zip(moved, model.non_trainable_variables):
         np.testing.assert_allclose(value.numpy(), variable.numpy(), atol=1e-6)
     changed = [not np.array_equal(m.numpy(), s) for m, s in zip(moved, start)]
     assert sum(changed) >= 3  # Moving mean and variance, the seed.
 
 
-def test_stateless_compute_gradients_wants_one_value_per_variable():
+def test_compute_on_values_wants_one_value_per_variable():
     model = normalized_dropout_model()
     trainable = [v.numpy() for v in model.trainable_variables]
     start = [v.numpy() for v in model.non_trainable_variables]
@@ -510,7 +520,54 @@ def test_stateless_compute_gradients_wants_one_value_per_variable():
         match=r"`trainable_variables` must hold.*\(5, in that order\)\. "
         "Received: 2 values",
     ):
-        model.stateless_compute_gradients(trainable[:2], start, batch)
+        model.compute(batch, values=(trainable[:2], start))
+
+
+def trained_on_batch_and_twin(batch):
+    """A model trained on `batch` by `train_on_batch`, its logs, and an
+    untrained twin that will draw the same dropout masks."""
+    reference, model = normalized_dropout_model(), normalized_dropout_model()
+    keras.utils.set_random_seed(9)
+    expected = reference.train_on_batch(*batch, return_dict=True)
+    keras.utils.set_random_seed(9)
+    return reference, expected, model
+
+
+def test_compute_apply_log_by_hand_equal_train_on_batch():
+    # The three halves called one by one (eagerly) against `train_step`:
+    # weights, BatchNormalization statistics and logs alike (1e-6).
+    batch = normalized_batch()
+    reference, expected, model = trained_on_batch_and_twin(batch)
+    computed = model.compute(batch)
+    assert isinstance(computed, keras_clones.ComputedStep)
+    applied = model.apply(computed)
+    logs = model.log(computed, applied)
+    assert applied is None  # No guard.
+    np.testing.assert_allclose(float(logs["loss"]), expected["loss"], atol=1e-6)
+    for va, vb in zip(model.weights, reference.weights):
+        np.testing.assert_allclose(va, vb, atol=1e-6, err_msg=va.path)
+
+
+def test_deprecated_halves_warn_naming_the_new_ones_and_still_train():
+    batch = normalized_batch()
+    reference, expected, model = trained_on_batch_and_twin(batch)
+    with pytest.warns(DeprecationWarning, match="use `compute`"):
+        computed = model.compute_gradients(batch)
+    assert isinstance(computed, dict)
+    with pytest.warns(DeprecationWarning, match="use `apply` and `log`"):
+        logs = model.apply_computed_gradients(computed)
+    np.testing.assert_allclose(float(logs["loss"]), expected["loss"], atol=1e-6)
+    for va, vb in zip(model.weights, reference.weights):
+        np.testing.assert_allclose(va, vb, atol=1e-6, err_msg=va.path)
+    with pytest.warns(DeprecationWarning, match="use `log`"):
+        model.log_computed_step(computed)
+    trainable = [v.numpy() for v in model.trainable_variables]
+    start = [v.numpy() for v in model.non_trainable_variables]
+    with pytest.warns(DeprecationWarning, match=r"compute\(data, values\)"):
+        stateless, moved = model.stateless_compute_gradients(
+            trainable, start, batch
+        )
+    assert len(moved) == len(start) and "grads" in stateless
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,13 @@ class _WorkerCopy(typing.NamedTuple):
     gradient_sums: list  # The period's gradients, if the rule commits them.
 
 
+class _LoggedStep(typing.NamedTuple):
+    """A local step as the coordinator logs (and guards) it."""
+
+    computed: object  # Its `ComputedStep`, without gradients or inputs.
+    finite: object  # With a guard: `_finiteness`; else None.
+
+
 class AGNPeriods:
     """The work of `AsyncTraining` with an `AGNOptimizer`: one period per
     scheduled function."""
@@ -85,23 +92,32 @@ class AGNPeriods:
     def _local_step(self, copy, data, iteration):
         """One inner step of the worker's copy on a batch; the new copy,
         and what the coordinator's logs (and guard) need of the step."""
-        step, states = self.model.stateless_compute_gradients(
-            copy.weights, copy.states, data
-        )
-        grads = step.pop("grads")  # The rest goes to the logs.
+        computed = self.model.compute(data, values=(copy.weights, copy.states))
+        grads = computed.grads
         weights, inner = self._rule.step(
             self._variables, copy.weights, grads, copy.inner, iteration
         )
         new = _WorkerCopy(
-            weights, states, inner, _added(copy.gradient_sums, grads)
+            weights,
+            computed.non_trainable_values,
+            inner,
+            _added(copy.gradient_sums, grads),
         )
+        finite = None
         if self.model.step_hooks.guard is not None:
             # The guard (InfNanCheck) judges each local step on the
             # coordinator; a non-finite one changes nothing here, and still
             # counts toward the period.
-            step["finite"] = _finiteness(step, grads)
-            new = _kept(step["finite"], new, copy)
-        return new, step
+            finite = _finiteness(computed)
+            new = _kept(finite, new, copy)
+        # What the logs need: not the gradients, the inputs or the state.
+        logged = computed._replace(
+            grads=[],
+            moved_state=[],
+            non_trainable_values=None,
+            x=None,
+        )
+        return new, _LoggedStep(logged, finite)
 
     def _kept_by_worker(self, copy):
         """Writes the worker's inner state, and the float state
@@ -139,11 +155,11 @@ class AGNPeriods:
         start = tf.identity(self.optimizer.iterations.value)
         for k, step in enumerate(result["steps"]):
             applied = None
-            if "finite" in step:
+            if step.finite is not None:
                 applied = model.step_hooks.guarded(
-                    self._as_checked(step["finite"], start + k), lambda: None
+                    self._as_checked(step.finite, start + k), lambda: None
                 )
-            logs = model.log_computed_step(step, applied)
+            logs = model.log(step.computed, applied)
         # The commit is one update of the centers, as a guard sees it.
         self.optimizer.apply_commit(
             commit, self._variables, model.step_hooks, applied
@@ -172,11 +188,11 @@ def _added(total, grads):
     ]
 
 
-def _finiteness(step, grads):
+def _finiteness(computed):
     """Whether a local step's loss, then each gradient, is finite (a
     missing gradient is), as a guard checks them."""
-    checks = [_all_finite(tf.add_n(step["clone_contributions"]))]
-    for grad in grads:
+    checks = [_all_finite(computed.loss)]
+    for grad in computed.grads:
         if isinstance(grad, tf.IndexedSlices):
             grad = grad.values
         checks.append(tf.constant(True) if grad is None else _all_finite(grad))

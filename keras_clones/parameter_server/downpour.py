@@ -16,10 +16,11 @@ class GradientSteps:
         """Before the first scheduled function of a `fit`."""
 
     def on_worker(self, iterator):
-        """On a worker: the gradients of its next batch, and what the logs
-        need (`CloneModel.compute_gradients`)."""
-        return self.model.compute_gradients(next(iterator))
+        """On a worker: its next batch's computed step
+        (`CloneModel.compute`), the inputs left out."""
+        return self.model.compute(next(iterator))._replace(x=None)
 
     def on_coordinator(self, result):
-        """On the coordinator: the optimizer's update, and the logs."""
-        return self.model.apply_computed_gradients(result)
+        """On the coordinator: the step's update (its moved state too),
+        through the step hooks, and the logs."""
+        return self.model.log(result, self.model.apply(result))

@@ -1,0 +1,62 @@
+"""`ComputedStep`: one training step computed and not yet applied, and
+the dicts of the deprecated halves it replaces."""
+
+import typing
+
+import tensorflow as tf
+
+
+class ComputedStep(typing.NamedTuple):
+    """One training step computed and not yet applied: what
+    `CloneModel.compute` returns, and `apply` and `log` take.
+
+    A named tuple of tensors (and None), so that `tf.nest`, and
+    parameter-server training between a worker and the coordinator, carry
+    it as it is.
+    """
+
+    grads: list  # Per trainable variable, summed over the clones, or None.
+    copy_grads: list  # Replicated variables: each copy's reduced gradients.
+    moved_state: list  # The float state the clones move, after the step.
+    non_trainable_values: object  # With `values`: all non-trainable, moved.
+    clone_contributions: list  # Each clone's share of the batch loss.
+    clone_losses: list  # Each clone's loss on its slice (`clone_i_loss`).
+    clone_sizes: list  # Each clone's rows.
+    x: object  # The inputs, or None where they stay on a worker.
+    y: object
+    y_pred: object  # The predictions of the whole batch, in input order.
+    sample_weight: object
+    batch_size: object  # Rows of the batch (int32).
+
+    @property
+    def loss(self):
+        """The batch's loss: the clones' contributions, added."""
+        return tf.add_n(self.clone_contributions)
+
+
+_DICT_FIELDS = (
+    "grads",
+    "y",
+    "y_pred",
+    "sample_weight",
+    "batch_size",
+    "clone_contributions",
+    "clone_losses",
+    "clone_sizes",
+)
+
+
+def as_dict(computed):
+    """A `ComputedStep` as the deprecated halves' dict."""
+    return {name: getattr(computed, name) for name in _DICT_FIELDS}
+
+
+def from_dict(computed):
+    """The deprecated halves' dict as a `ComputedStep` (state moved)."""
+    return ComputedStep(
+        copy_grads=[],
+        moved_state=[],
+        non_trainable_values=None,
+        x=None,
+        **{name: computed.get(name) for name in _DICT_FIELDS},
+    )
