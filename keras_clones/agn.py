@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
+from keras_clones import gradients
 from keras_clones import optimizer_capabilities
 from keras_clones.multi_worker import collectives
 from keras_clones.multi_worker import topology
@@ -191,11 +192,7 @@ def _replica_context():
 
 def _cast(value, dtype):
     """`value` (dense or `IndexedSlices`) in `dtype`."""
-    if isinstance(value, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            tf.cast(value.values, dtype), value.indices, value.dense_shape
-        )
-    return tf.cast(value, dtype)
+    return gradients.map_values(lambda v: tf.cast(v, dtype), value)
 
 
 def _overwrite_with_gradients(grads, variables):

@@ -3,6 +3,7 @@
 import keras
 import tensorflow as tf
 
+from keras_clones import gradients
 from keras_clones import optimizer_capabilities
 from keras_clones import step_hooks
 from keras_clones.multi_worker import collectives
@@ -51,7 +52,7 @@ class _NonFiniteGuard:
             iteration = tf.identity(self.step_counter)
         iteration = tf.cast(iteration, "int64")
         names, values = _checks(step)
-        finite = [tf.reduce_all(tf.math.is_finite(v)) for v in values]
+        finite = [gradients.is_finite(v) for v in values]
         all_finite = tf.reduce_all(finite)
         loss_finite = finite[0] if step.loss is not None else tf.constant(True)
         cond = tf.cond
@@ -140,9 +141,7 @@ def _checks(step):
             # A plain `tf.Variable` has a name, no path.
             path = getattr(variable, "path", variable.name)
             names.append(f"the gradient of {path}")
-            values.append(
-                grad.values if isinstance(grad, tf.IndexedSlices) else grad
-            )
+            values.append(grad)
     return names, values
 
 

@@ -2,14 +2,12 @@
 
 import tensorflow as tf
 
+from keras_clones import gradients
+
 
 def scaled(grad, factor):
     """`grad * factor`, for dense and sparse (`IndexedSlices`) gradients."""
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            grad.values * factor, grad.indices, grad.dense_shape
-        )
-    return grad * factor
+    return gradients.map_values(lambda v: v * factor, grad)
 
 
 def agree_on_overflow(grads):
@@ -22,12 +20,7 @@ def agree_on_overflow(grads):
     present = [g for g in grads if g is not None]
     if not present:
         return grads
-    values = [
-        g.values if isinstance(g, tf.IndexedSlices) else g for g in present
-    ]
-    finite = tf.reduce_all(
-        [tf.reduce_all(tf.math.is_finite(v)) for v in values]
-    )
+    finite = tf.reduce_all([gradients.is_finite(g) for g in present])
     (finite,) = on_every_worker([finite])
     factor = tf.where(finite, 1.0, float("nan"))
     return [

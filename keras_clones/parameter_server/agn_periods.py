@@ -19,6 +19,7 @@ import typing
 
 import tensorflow as tf
 
+from keras_clones import gradients
 from keras_clones.parameter_server import inner_steps
 from keras_clones.step_hooks import Step
 
@@ -191,16 +192,9 @@ def _added(total, grads):
 def _finiteness(computed):
     """Whether a local step's loss, then each gradient, is finite (a
     missing gradient is), as a guard checks them."""
-    checks = [_all_finite(computed.loss)]
-    for grad in computed.grads:
-        if isinstance(grad, tf.IndexedSlices):
-            grad = grad.values
-        checks.append(tf.constant(True) if grad is None else _all_finite(grad))
+    checks = [gradients.is_finite(computed.loss)]
+    checks += [gradients.is_finite(grad) for grad in computed.grads]
     return tf.stack(checks)
-
-
-def _all_finite(tensor):
-    return tf.reduce_all(tf.math.is_finite(tensor))
 
 
 def _kept(finite, new, old):

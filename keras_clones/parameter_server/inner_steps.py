@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
+from keras_clones import gradients
 
 
 def rule_for(optimizer):
@@ -82,12 +83,7 @@ class _Rule:
                 new_slots.extend(own)
                 continue
             lr_v = tf.cast(lr, w.dtype)
-            if isinstance(g, tf.IndexedSlices):
-                g = tf.IndexedSlices(
-                    tf.cast(g.values, w.dtype), g.indices, g.dense_shape
-                )
-            else:
-                g = tf.cast(g, w.dtype)
+            g = gradients.map_values(lambda v, w=w: tf.cast(v, w.dtype), g)
             decay = self.optimizer.weight_decay
             if decay and internals.uses_weight_decay(self.optimizer, variable):
                 w = w - w * tf.cast(decay, w.dtype) * lr_v
@@ -193,9 +189,7 @@ class _Adagrad(_Rule):
 def _dense_and_squared(g):
     """A gradient and its square, dense. As Keras's sparse ops compute it,
     an `IndexedSlices`' rows are squared before a repeated row is summed."""
-    if not isinstance(g, tf.IndexedSlices):
-        return g, tf.square(g)
-    squared = tf.IndexedSlices(tf.square(g.values), g.indices, g.dense_shape)
+    squared = gradients.map_values(tf.square, g)
     return tf.convert_to_tensor(g), tf.convert_to_tensor(squared)
 
 
