@@ -923,16 +923,35 @@ class AGNOptimizer(keras.optimizers.Optimizer):
 
     def _commit(self, grad, variable):
         """What this replica sends for `variable` at the end of a period."""
-        period = self.communication_period
-        if self.commit == "gradients":
+        if self.commit == "gradients" and self.communication_period == 1:
             # A one-step period's mean gradient is the gradient itself: the
             # outer optimizer takes it as it is (sparse stays sparse), as
             # the bare optimizer would.
-            if period == 1:
-                return grad
-            value = self.grad_variable(variable).value
-        else:  # The pseudo-gradient: what the period's local steps moved.
-            value = self.global_center_variable(variable) - variable
+            return grad
+        gradient_sum = None
+        if self.commit == "gradients":
+            gradient_sum = self.grad_variable(variable).value
+        center = self.global_center_variable(variable)
+        return self.period_commit(gradient_sum, center, variable)
+
+    def period_commit(self, gradient_sum, start, end):
+        """What a period commits for one variable, by this optimizer's rule
+        (the one place it is written; parameter-server periods use it too):
+        the period's summed gradients (`commit="gradients"`), else the
+        pseudo-gradient `start - end` (what its local steps moved the
+        weights by), divided by the period if `normalize`.
+
+        Args:
+            gradient_sum: The period's gradients, summed (dense), or None
+                for the weight-change rule.
+            start: The weights at the period's start (the center).
+            end: The local weights at its end.
+        """
+        if self.commit == "gradients":
+            value = gradient_sum
+        else:
+            value = start - end
+        period = self.communication_period
         if self.normalize and period > 1:
             value = value / tf.cast(period, value.dtype)
         return value

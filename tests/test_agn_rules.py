@@ -211,3 +211,24 @@ def test_rule_options_round_trip_through_config():
     for option in ("commit", "normalize", "communication_dtype"):
         assert getattr(restored, option) == getattr(optimizer, option)
     assert restored.outer_optimizer.nesterov
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        (dict(commit="gradients"), [1.0, 2.0]),  # The mean gradient.
+        (dict(commit="gradients", normalize=False), [4.0, 8.0]),
+        (dict(commit="weight_change"), [0.125, -0.25]),  # Hermans's.
+        (dict(commit="weight_change", normalize=False), [0.5, -1.0]),
+    ],
+)
+def test_period_commit_is_the_rule_by_hand(options, expected):
+    # What a period of 4 commits, on tensors: the one implementation that
+    # one process, multi-worker and parameter-server periods share.
+    optimizer = AGNOptimizer(keras.optimizers.SGD(0.1), 4, **options)
+    commit = optimizer.period_commit(
+        gradient_sum=tf.constant([4.0, 8.0]),
+        start=tf.constant([1.0, 1.0]),
+        end=tf.constant([0.5, 2.0]),
+    )
+    np.testing.assert_allclose(commit, expected, atol=1e-7)

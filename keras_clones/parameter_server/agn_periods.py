@@ -134,12 +134,11 @@ class AGNPeriods:
     def _commit(self, gradient_sums, pulled, weights):
         """The commit of the optimizer's rule, in its communication dtype."""
         optimizer = self.optimizer
-        if optimizer.commit == "gradients":
-            commit = gradient_sums
-        else:
-            commit = [p - w for p, w in zip(pulled, weights)]
-        if optimizer.normalize and self.steps > 1:
-            commit = [c / tf.cast(self.steps, c.dtype) for c in commit]
+        sums = gradient_sums or [None] * len(pulled)
+        commit = [
+            optimizer.period_commit(s, p, w)
+            for s, p, w in zip(sums, pulled, weights)
+        ]
         if optimizer.communication_dtype is not None:
             commit = [tf.cast(c, optimizer.communication_dtype) for c in commit]
         return commit
