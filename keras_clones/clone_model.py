@@ -127,14 +127,11 @@ def _deprecated(name, replacement):
 
 
 def _step_record(run, data, batch_size, y_pred, **training):
-    """The `ComputedStep` of a run of the clones on `data`: `training`
-    gives its gradients and moved state (none in evaluation)."""
+    """The `ComputedStep` of a run of the clones on `data`; `training`
+    gives a training step's gradients and moved state."""
     x, y, sample_weight = data
-    fields = dict(
-        grads=[], copy_grads=[], moved_state=[], non_trainable_values=None
-    )
-    fields.update(training)
     return ComputedStep(
+        loss=tf.add_n(run.contributions),
         clone_contributions=run.contributions,
         clone_losses=run.losses,
         clone_sizes=run.sizes,
@@ -143,7 +140,7 @@ def _step_record(run, data, batch_size, y_pred, **training):
         y_pred=y_pred,
         sample_weight=sample_weight,
         batch_size=batch_size,
-        **fields,
+        **training,
     )
 
 
@@ -587,16 +584,16 @@ class CloneModel(keras.Model):
         with tf.device(deployment.optimizer_device()):
             grads, copy_grads = self._combine(run, replicated=given is None)
             y_pred = _merge_outputs(run.y_preds, run.sizes)
-        return _step_record(
-            run,
-            (x, y, sample_weight),
-            batch_size,
-            y_pred,
-            grads=grads,
-            copy_grads=copy_grads,
-            moved_state=run.reads.moved.values(),
-            non_trainable_values=run.reads.non_trainable_values(),
-        )
+            return _step_record(
+                run,
+                (x, y, sample_weight),
+                batch_size,
+                y_pred,
+                grads=grads,
+                copy_grads=copy_grads,
+                moved_state=run.reads.moved.values(),
+                non_trainable_values=run.reads.non_trainable_values(),
+            )
 
     def apply(self, computed):
         """The second half of a training step: the moved state and one
@@ -609,11 +606,9 @@ class CloneModel(keras.Model):
             a guard.
         """
         trainable = self.trainable_variables
-        state_variables = self._state_variables()
 
         def move_state():
-            for variable, value in zip(state_variables, computed.moved_state):
-                variable.assign(value)
+            self._move_state(computed.moved_state)
 
         step = Step(
             computed.grads,
@@ -651,6 +646,11 @@ class CloneModel(keras.Model):
                 step, update, on_skip=apply_gradients if loss_scaled else None
             )
 
+    def _move_state(self, moved_state):
+        """Assigns a step's moved float state (`ComputedStep.moved_state`)."""
+        for variable, value in zip(self._state_variables(), moved_state):
+            variable.assign(value)
+
     def log(self, computed, applied=None):
         """The logs of a step: the loss and compiled metrics on the whole
         batch, as a plain model logs them, and `fit`'s own (`clone_i_loss`,
@@ -674,10 +674,7 @@ class CloneModel(keras.Model):
         dict of tensors for `apply_computed_gradients`."""
         _deprecated("compute_gradients", "compute")
         computed = self.compute(data)
-        for variable, value in zip(
-            self._state_variables(), computed.moved_state
-        ):
-            variable.assign(value)
+        self._move_state(computed.moved_state)
         return computed_step.as_dict(computed)
 
     def stateless_compute_gradients(
@@ -716,7 +713,9 @@ class CloneModel(keras.Model):
         run = self._run_clones(clones, deployment, training=False)
         with tf.device(deployment.optimizer_device()):
             y_pred = _merge_outputs(run.y_preds, run.sizes)
-        evaluated = _step_record(run, (x, y, sample_weight), batch_size, y_pred)
+            evaluated = _step_record(
+                run, (x, y, sample_weight), batch_size, y_pred
+            )
         return self._metrics_logs(evaluated)
 
     def predict_step(self, data):

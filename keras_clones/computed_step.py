@@ -12,13 +12,11 @@ class ComputedStep(typing.NamedTuple):
 
     A named tuple of tensors (and None), so that `tf.nest`, and
     parameter-server training between a worker and the coordinator, carry
-    it as it is.
+    it as it is. The fields after `batch_size` are a training step's (empty
+    for an evaluation step).
     """
 
-    grads: list  # Per trainable variable, summed over the clones, or None.
-    copy_grads: list  # Replicated variables: each copy's reduced gradients.
-    moved_state: list  # The float state the clones move, after the step.
-    non_trainable_values: object  # With `values`: all non-trainable, moved.
+    loss: object  # The batch's loss: the clones' contributions, added.
     clone_contributions: list  # Each clone's share of the batch loss.
     clone_losses: list  # Each clone's loss on its slice (`clone_i_loss`).
     clone_sizes: list  # Each clone's rows.
@@ -27,11 +25,10 @@ class ComputedStep(typing.NamedTuple):
     y_pred: object  # The predictions of the whole batch, in input order.
     sample_weight: object
     batch_size: object  # Rows of the batch (int32).
-
-    @property
-    def loss(self):
-        """The batch's loss: the clones' contributions, added."""
-        return tf.add_n(self.clone_contributions)
+    grads: list = ()  # Per trainable variable, summed over clones, or None.
+    copy_grads: list = ()  # Replicated variables: each copy's gradients.
+    moved_state: list = ()  # The float state the clones move, after it.
+    non_trainable_values: object = None  # With `values`: all, moved.
 
 
 _DICT_FIELDS = (
@@ -54,9 +51,7 @@ def as_dict(computed):
 def from_dict(computed):
     """The deprecated halves' dict as a `ComputedStep` (state moved)."""
     return ComputedStep(
-        copy_grads=[],
-        moved_state=[],
-        non_trainable_values=None,
+        loss=tf.add_n(computed["clone_contributions"]),
         x=None,
         **{name: computed.get(name) for name in _DICT_FIELDS},
     )

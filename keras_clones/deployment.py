@@ -482,7 +482,9 @@ class DeploymentConfig:
         runtime; `CloneModel` calls it when `fit` starts.
         """
         available = _local_devices()
-        for i, device in self._missing_clone_devices(available):
+        missing = self._missing_clone_devices(available)
+        if missing:
+            i, device = missing[0]
             raise ValueError(
                 f"Clone {i} is placed on {device!r}, which does not exist "
                 f"on this machine. Available devices: "
