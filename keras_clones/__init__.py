@@ -42,5 +42,5 @@ if sys.argv[:1] != ["-m"]:
     from keras_clones import step_hooks
     from keras_clones.agn import AGNOptimizer
     from keras_clones.clone_model import CloneModel
-    from keras_clones.clone_model import ComputedStep
+    from keras_clones.computed_step import ComputedStep
     from keras_clones.deployment import DeploymentConfig

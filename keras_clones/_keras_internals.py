@@ -16,9 +16,12 @@ and the test checks that Keras still defines and calls each of them.
 import contextlib
 import threading
 
+import keras
+from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
+from keras.src.optimizers.base_optimizer import BaseOptimizer
 from keras.src.utils.tracking import no_automatic_dependency_tracking
 
 __all__ = [
@@ -28,7 +31,7 @@ __all__ = [
     "TensorFlowTrainer",
     "built_variables",
     "call_has_training_arg",
-    "clipped_gradients",
+    "called_by_fit",
     "compute_loss",
     "distribution_strategy",
     "flatten_metrics_in_order",
@@ -41,6 +44,7 @@ __all__ = [
     "initial_epoch",
     "on_this_process",
     "own_variables",
+    "stateless_copy",
     "should_evaluate",
     "symbolic_build",
     "track_variable",
@@ -94,6 +98,12 @@ def should_evaluate(model, epoch, validation_freq):
     """Whether `fit` validates after `epoch` (0-based), as Keras decides;
     Keras's own error for a `validation_freq` that is not an int or list."""
     return model._should_eval(epoch, validation_freq)
+
+
+def called_by_fit(callbacks):
+    """Whether an `evaluate` given `callbacks` is `fit`'s validation:
+    Keras's `fit` hands its own `CallbackList` to it."""
+    return isinstance(callbacks, keras.callbacks.CallbackList)
 
 
 def initial_epoch(model):
@@ -155,12 +165,6 @@ def learning_rate_object(optimizer):
     return optimizer._learning_rate
 
 
-def clipped_gradients(optimizer, grads):
-    """`grads` clipped by `optimizer`'s `clipnorm`, `global_clipnorm` or
-    `clipvalue`, as its `apply` clips them (tensors in, tensors out)."""
-    return optimizer._clip_gradients(grads)
-
-
 def uses_weight_decay(optimizer, variable):
     """Whether `optimizer` decays `variable` (its exclusions applied)."""
     return optimizer._use_weight_decay(variable)
@@ -189,3 +193,45 @@ def without_gradient_all_reduce(optimizer):
             if not _NO_ALL_REDUCE_DEPTH[key]:
                 del _NO_ALL_REDUCE_DEPTH[key]
                 del optimizer._all_reduce_sum_gradients
+
+
+# `TFOptimizer`'s overrides that reach past a Keras variable to its
+# `tf.Variable`, or through `tf.distribute`, and so around a
+# `keras.StatelessScope`; Keras's backend-independent versions do neither.
+_THROUGH_TF_VARIABLES = (
+    "add_variable_from_reference",
+    "assign",
+    "assign_add",
+    "assign_sub",
+    "_var_key",
+    "_apply_weight_decay",
+    "_backend_update_step",
+    "stateless_apply",
+)
+_StatelessTFOptimizer = type(
+    "_StatelessTFOptimizer",
+    (TFOptimizer,),
+    {name: getattr(BaseOptimizer, name) for name in _THROUGH_TF_VARIABLES},
+)
+_STATELESS_CLASSES = {}
+
+
+def stateless_copy(optimizer):
+    """A new, unbuilt optimizer of `optimizer`'s class and config (its
+    learning rate a float variable, to be given) whose `stateless_apply`
+    runs `apply` on tensors, as the optimizer runs it on variables:
+    clipping, weight decay, the update, constraints and `iterations`.
+
+    Keras's TensorFlow optimizers refuse `stateless_apply`; this copy's
+    class puts Keras's backend-independent methods between the
+    optimizer's own class and `TFOptimizer`, so that the optimizer's own
+    overrides (Nadam's, Muon's) still come first.
+    """
+    cls = type(optimizer)
+    if cls not in _STATELESS_CLASSES:
+        _STATELESS_CLASSES[cls] = type(
+            f"Stateless{cls.__name__}", (cls, _StatelessTFOptimizer), {}
+        )
+    config = optimizer.get_config()
+    config["learning_rate"] = 0.0
+    return _STATELESS_CLASSES[cls].from_config(config)

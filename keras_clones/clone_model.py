@@ -1,7 +1,6 @@
 """`CloneModel`: one Keras model trained as clones on several devices."""
 
 import contextlib
-import typing
 import warnings
 
 import keras
@@ -9,180 +8,18 @@ import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
 from keras_clones import clone_reads
-from keras_clones import computed_step
+from keras_clones import clones
+from keras_clones import modes
 from keras_clones import optimizer_capabilities
 from keras_clones import replication
-from keras_clones.computed_step import ComputedStep
 from keras_clones.deployment import DeploymentConfig
-from keras_clones.multi_worker import agreement
-from keras_clones.multi_worker import collectives
-from keras_clones.multi_worker import files
-from keras_clones.multi_worker import functions
-from keras_clones.multi_worker import topology
-from keras_clones.multi_worker import worker
-from keras_clones.parameter_server import cluster
-from keras_clones.parameter_server import fitting
+from keras_clones.deprecated_halves import DeprecatedHalves
 from keras_clones.step_hooks import Step
 from keras_clones.step_hooks import StepHooks
 
-# Reductions that divide by the number of elements: a clone's loss counts in
-# proportion to its share of the batch. "sum" adds the clones' losses.
-_SHARE_REDUCTIONS = ("sum_over_batch_size", "mean")
-_SUM_REDUCTIONS = ("sum",)
-
-
-class _CloneBatch(typing.NamedTuple):
-    """One clone's part of a batch."""
-
-    data: object  # The clone's slice, or one placeholder row if it is empty.
-    size: tf.Tensor  # Rows of the batch the clone owns (int32, may be 0).
-    share: tf.Tensor  # size / batch size (float32).
-    present: tf.Tensor  # 1.0 if the clone owns rows, else 0.0.
-
-
-def _split_batch(data, batch_size, num_clones):
-    """Splits a nested batch into `num_clones` slices, as `np.array_split`.
-
-    An empty clone (batch smaller than `num_clones`) gets the first row with
-    zero weight, so its loss and gradients are exactly zero rather than the
-    NaN an empty batch gives some layers (BatchNormalization).
-    """
-    base = batch_size // num_clones
-    remainder = batch_size % num_clones
-    total = tf.cast(batch_size, "float32")
-    clone_batches = []
-    for i in range(num_clones):
-        size = base + tf.cast(i < remainder, batch_size.dtype)
-        start = i * base + tf.minimum(i, remainder)
-        start = tf.where(size > 0, start, 0)
-        rows = tf.maximum(size, 1)
-        clone_data = tf.nest.map_structure(
-            lambda t: None if t is None else t[start : start + rows], data
-        )
-        size_f = tf.cast(size, "float32")
-        clone_batches.append(
-            _CloneBatch(
-                clone_data,
-                size,
-                tf.math.divide_no_nan(size_f, total),
-                tf.minimum(size_f, 1.0),
-            )
-        )
-    return clone_batches
-
-
-def _merge_outputs(outputs, sizes):
-    """Concatenates the clones' outputs in input order, dropping padding."""
-    return tf.nest.map_structure(
-        lambda *parts: tf.concat([p[:n] for p, n in zip(parts, sizes)], axis=0),
-        *outputs,
-    )
-
-
-def _batch_size(x):
-    inputs = [t for t in tf.nest.flatten(x) if t is not None]
-    if not inputs:
-        # Keras's own message for a required input given as `None`.
-        raise ValueError(
-            "The input 'x' is not optional: CloneModel needs at least one "
-            f"input tensor to split the batch. Received: x={x!r}."
-        )
-    return tf.shape(inputs[0], out_type=tf.int32)[0]
-
-
-def _loss_reduction(loss):
-    """`"share"` or `"sum"`: how clone losses combine into the batch loss."""
-    kinds = set()
-    for entry in tf.nest.flatten(loss):
-        if entry is None:
-            continue
-        reduction = getattr(entry, "reduction", "sum_over_batch_size")
-        if reduction in _SHARE_REDUCTIONS:
-            kinds.add("share")
-        elif reduction in _SUM_REDUCTIONS:
-            kinds.add("sum")
-        else:
-            raise ValueError(
-                f"CloneModel cannot split a loss with reduction={reduction!r} "
-                "across clones and reproduce the full-batch value "
-                f"(loss: {entry!r}). Use reduction='sum_over_batch_size' "
-                "(the default) or 'sum'."
-            )
-    if len(kinds) > 1:
-        raise ValueError(
-            "CloneModel needs all compiled losses to use the same kind of "
-            "reduction: either all 'sum_over_batch_size'/'mean', or all "
-            f"'sum'. Received: loss={loss!r}."
-        )
-    return kinds.pop() if kinds else "share"
-
-
-def _deprecated(name, replacement):
-    warnings.warn(
-        f"`CloneModel.{name}` is deprecated and will be removed: use "
-        f"`{replacement}` (a `ComputedStep`, not a dict).",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-
-
-def _step_record(run, data, batch_size, y_pred, **training):
-    """The `ComputedStep` of a run of the clones on `data`; `training`
-    gives a training step's gradients and moved state."""
-    x, y, sample_weight = data
-    return ComputedStep(
-        loss=tf.add_n(run.contributions),
-        clone_contributions=run.contributions,
-        clone_losses=run.losses,
-        clone_sizes=run.sizes,
-        x=x,
-        y=y,
-        y_pred=y_pred,
-        sample_weight=sample_weight,
-        batch_size=batch_size,
-        **training,
-    )
-
-
-class _ClonesRun(typing.NamedTuple):
-    """What running the clones gives (`CloneModel._run_clones`)."""
-
-    contributions: list  # Each clone's share of the batch loss.
-    losses: list  # Each clone's loss on its slice (`clone_i_loss`).
-    sizes: list  # Each clone's rows.
-    y_preds: list  # Each clone's predictions on its slice.
-    grads: list  # In training, each clone's gradients.
-    reads: object  # In training, what the clones read and moved.
-
-
-class _CloneLosses:
-    """Each clone's loss on its slice: `clone_i_loss` in `fit`'s logs.
-
-    Means over the batches since the last reset, weighted by the clone's
-    rows, as Keras's loss tracker. They are not model metrics, so that
-    `evaluate`, `metrics_names` and `model.metrics` are a plain model's.
-    """
-
-    def __init__(self, num_clones):
-        self.trackers = [
-            keras.metrics.Mean(name=f"clone_{i}_loss")
-            for i in range(num_clones if num_clones > 1 else 0)
-        ]
-
-    def update(self, i, loss, rows):
-        if self.trackers:
-            self.trackers[i].update_state(loss, sample_weight=rows)
-
-    def reset(self):
-        for tracker in self.trackers:
-            tracker.reset_state()
-
-    def results(self):
-        return {tracker.name: tracker.result() for tracker in self.trackers}
-
 
 @keras.saving.register_keras_serializable(package="keras_clones")
-class CloneModel(keras.Model):
+class CloneModel(DeprecatedHalves, keras.Model):
     """A `keras.Model` whose steps split each batch across clone devices.
 
     TF-Slim's `model_deploy`, done for Keras 3: `train_step` slices every
@@ -257,7 +94,7 @@ class CloneModel(keras.Model):
     """
 
     # The copies of `variable_update="replicated"`, built for training.
-    _replicas = None
+    _copies = None
     # Where `evaluate` and `predict` run here (`_inference_deployment`).
     _inference = None
 
@@ -281,21 +118,9 @@ class CloneModel(keras.Model):
         # Whether `get_metrics_result` reports `fit`'s own logs too.
         self._fit_logs = False
         self._step_hooks = StepHooks(reports_metrics=True)
-        # Also makes the clones' loss trackers (`_CloneLosses`).
+        # Also makes the clones' loss trackers (`clones.CloneLosses`).
         self.deployment = deployment or DeploymentConfig()
-        replicas = self.distribute_strategy.num_replicas_in_sync
-        if replicas > 1 and not topology.one_replica_per_worker(
-            self.distribute_strategy
-        ):
-            raise ValueError(
-                "CloneModel splits each batch across its own clone devices "
-                "and cannot be created under a tf.distribute strategy with "
-                f"{replicas} replicas on this machine, which would split it "
-                "again. Create the model outside `strategy.scope()` and list "
-                "the devices in `DeploymentConfig(devices=[...])`; across "
-                "machines, use `tf.distribute.MultiWorkerMirroredStrategy` "
-                "with one device (the default CPU) per worker."
-            )
+        modes.check_strategy(self.distribute_strategy)
 
     @property
     def step_hooks(self):
@@ -329,17 +154,17 @@ class CloneModel(keras.Model):
         strategy = self.distribute_strategy
         # Before the clones' loss trackers create variables that the workers
         # initialise together.
-        agreement.check_same_on_every_worker(
+        modes.check_same_on_every_worker(
             strategy, "the deployment", deployment.get_config()
         )
         self._deployment = deployment
         self._inference = None
         with strategy.scope():
-            self._clone_losses = _CloneLosses(deployment.num_clones)
+            self._clone_losses = clones.CloneLosses(deployment.num_clones)
         self.train_function = None
         self.test_function = None
         self.predict_function = None
-        self._replicas = None
+        self._copies = None
         if self.compiled and self.jit_compile:
             self.jit_compile = True  # Warns and turns off for >1 clones.
 
@@ -368,14 +193,22 @@ class CloneModel(keras.Model):
     def make_train_function(self, force=False):
         self._check_deployment()
         self._check_devices()
-        self._prepare_replicas()
-        if not topology.across_workers(self.distribute_strategy):
+        self._prepare_copies()
+        if not self._mode.traces_own_functions:
             return super().make_train_function(force)
         if self.train_function is None or force:
-            self.train_function = functions.step_function(self, self.train_step)
+            self.train_function = self._mode.step_function(
+                self, self.train_step
+            )
         return self.train_function
 
-    def _prepare_replicas(self):
+    @property
+    def _mode(self):
+        """How this model trains here: one process, multi-worker or
+        parameter servers (`keras_clones.modes`)."""
+        return modes.of(self.distribute_strategy)
+
+    def _prepare_copies(self):
         """Builds the copies of replicated variables, to sync before a step."""
         deployment = self._deployment
         if (
@@ -384,7 +217,7 @@ class CloneModel(keras.Model):
             or self.optimizer is None
             or not self.trainable_variables
         ):
-            self._replicas = None
+            self._copies = None
             return
         if self.distribute_strategy.num_replicas_in_sync > 1:
             raise NotImplementedError(
@@ -394,25 +227,25 @@ class CloneModel(keras.Model):
             )
         # Else the copies take the model's updated weights.
         broadcast = not optimizer_capabilities.copies_can_apply(self.optimizer)
-        replicas = self._replicas
+        copies = self._copies
         if (
-            replicas is None
-            or replicas.optimizer is not self.optimizer
-            or list(map(id, replicas.variables[0]))
+            copies is None
+            or copies.optimizer is not self.optimizer
+            or list(map(id, copies.variables[0]))
             != list(map(id, self.trainable_variables))
         ):
-            if replicas is not None:
+            if copies is not None:
                 self.train_function = None  # It holds the old copies.
-            self._replicas = replication.Replicas(self, broadcast=broadcast)
-        self._replicas.mark_stale()
+            self._copies = replication.VariableCopies(self, broadcast=broadcast)
+        self._copies.mark_stale()
 
     def make_test_function(self, force=False):
         self._check_deployment()
         self._inference_deployment()
-        if not topology.across_workers(self.distribute_strategy):
+        if not self._mode.traces_own_functions:
             return super().make_test_function(force)
         if self.test_function is None or force:
-            self.test_function = functions.step_function(self, self.test_step)
+            self.test_function = self._mode.step_function(self, self.test_step)
         return self.test_function
 
     def make_predict_function(self, force=False):
@@ -466,60 +299,22 @@ class CloneModel(keras.Model):
             self._inference = deployment
         return self._inference
 
-    def _call_clone(self, i, x, training):
-        with warnings.catch_warnings():
-            if i > 0:  # They would repeat clone 0's.
-                warnings.simplefilter("ignore")
-            if internals.call_has_training_arg(self):
-                y_pred = self(x, training=training)
-            else:
-                y_pred = self(x)
-        for output in tf.nest.flatten(y_pred):
-            if internals.keras_mask(output) is not None:
-                raise ValueError(
-                    "CloneModel cannot split a loss over masked outputs "
-                    "exactly: Keras normalises a masked loss by the number of "
-                    "unmasked entries of each slice. Remove the mask from the "
-                    "model's outputs, or train it as a plain `keras.Model`."
-                )
-        return y_pred
-
-    @contextlib.contextmanager
-    def _clone_scope(self, i, deployment):
-        """Clone i's device and name scope, as `model_deploy`'s."""
-        scope = deployment.clone_scope(i)
-        with tf.device(deployment.clone_device(i)):
-            with tf.name_scope(scope) if scope else contextlib.nullcontext():
-                yield
-
-    def _weighted_loss(self, loss, clone, reduction):
-        """A clone's contribution to the loss of the whole batch."""
-        if reduction == "share":
-            return loss * clone.share
-        # Summed data losses add up; `add_loss` and regularization terms are
-        # means over the slice, so they still count by share.
-        extra = sum(self.losses, tf.zeros((), loss.dtype)) / (
-            self.distribute_strategy.num_replicas_in_sync
-        )
-        return (loss - extra) * clone.present + extra * clone.share
-
     def _unscaled(self, loss):
         # Keras divides losses by the number of replicas, whose gradients
         # are summed; the logs show the loss of a worker's batch.
         return loss * self.distribute_strategy.num_replicas_in_sync
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        _loss_reduction(self.loss)  # Refuses what cannot split, first.
-        strategy = self.distribute_strategy
-        if topology.across_workers(strategy) and iterator is not None:
-            return functions.build_from_local_batch(self, iterator)
+        clones.loss_reduction(self.loss)  # Refuses what cannot split, first.
+        if self._mode.build(self, iterator):
+            return
         if self.built:
             return super()._maybe_symbolic_build(iterator, data_batch)
         # Without a strategy Keras builds a model when its step is first
         # traced, but `train_step` reads the trainable variables before the
         # clones' forward passes: build it (and the optimizer) first, as
         # Keras does under a strategy.
-        with strategy.scope():
+        with self.distribute_strategy.scope():
             internals.symbolic_build(self, iterator, data_batch)
 
     def _state_variables(self):
@@ -529,16 +324,6 @@ class CloneModel(keras.Model):
             for v in self.non_trainable_weights
             if not v.trainable and v.dtype.startswith("float")
         ]
-
-    def _split(self, data, deployment):
-        """Phase 1: one slice of the batch per clone (`_CloneBatch`)."""
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        with tf.device(deployment.inputs_device()):
-            batch_size = _batch_size(x)
-            clones = _split_batch(
-                (x, y, sample_weight), batch_size, deployment.num_clones
-            )
-        return (x, y, sample_weight), batch_size, clones
 
     def train_step(self, data):
         # Split the batch, run the clones (each one's forward pass, loss and
@@ -574,26 +359,34 @@ class CloneModel(keras.Model):
             included).
         """
         deployment = self._deployment
-        given = None
-        if values is not None:
-            given = clone_reads.GivenValues(self, *values)
-        (x, y, sample_weight), batch_size, clones = self._split(
-            data, deployment
-        )
-        run = self._run_clones(clones, deployment, training=True, given=given)
+        reads = self._reads(values)
+        batch = clones.split(data, deployment)
+        run = clones.run(self, batch, deployment, reads)
         with tf.device(deployment.optimizer_device()):
-            grads, copy_grads = self._combine(run, replicated=given is None)
-            y_pred = _merge_outputs(run.y_preds, run.sizes)
-            return _step_record(
+            grads, copy_grads = self._combine(run, reads)
+            y_pred = clones.merge_outputs(run.y_preds, run.sizes)
+            return clones.computed_step(
                 run,
-                (x, y, sample_weight),
-                batch_size,
+                batch,
                 y_pred,
                 grads=grads,
                 copy_grads=copy_grads,
-                moved_state=run.reads.moved.values(),
-                non_trainable_values=run.reads.non_trainable_values(),
+                moved_state=reads.moved.values(),
+                non_trainable_values=reads.non_trainable_values(),
             )
+
+    def _reads(self, values):
+        """What the clones of a training step read (`clone_reads`): the
+        given `values`, else the variables or their replicated copies."""
+        if values is not None:
+            return clone_reads.GivenValues(
+                self, self._state_variables(), *values
+            )
+        if self._copies is not None:
+            self._copies.sync_if_stale()
+        return clone_reads.VariableReads(
+            self.trainable_variables, self._state_variables(), self._copies
+        )
 
     def apply(self, computed):
         """The second half of a training step: the moved state and one
@@ -618,7 +411,7 @@ class CloneModel(keras.Model):
         )
         with tf.device(self._deployment.optimizer_device()):
             if (
-                self._replicas is None
+                self._copies is None
                 and trainable
                 and optimizer_capabilities.takes_local_steps(self.optimizer)
             ):
@@ -628,22 +421,22 @@ class CloneModel(keras.Model):
                     self.optimizer, self._step_hooks, step, before=move_state
                 )
 
-            def apply_gradients():
-                if self._replicas is None:
+            def update_weights():
+                if self._copies is None:
                     self.optimizer.apply(computed.grads, trainable)
                 else:
-                    self._replicas.apply(computed.copy_grads)
+                    self._copies.update(computed.copy_grads)
 
             def update():
                 move_state()
                 if trainable and self.optimizer is not None:
-                    apply_gradients()
+                    update_weights()
 
             # A LossScaleOptimizer must see a skipped step's overflow, to
             # lower its scale; it skips its inner optimizer's update itself.
             loss_scaled = optimizer_capabilities.loss_scaled(self.optimizer)
             return self._step_hooks.run(
-                step, update, on_skip=apply_gradients if loss_scaled else None
+                step, update, on_skip=update_weights if loss_scaled else None
             )
 
     def _move_state(self, moved_state):
@@ -667,156 +460,43 @@ class CloneModel(keras.Model):
         logs.update(self._fit_only_logs())
         return logs
 
-    def compute_gradients(self, data):
-        """Deprecated: use `compute` (then `apply` and `log`).
-
-        `compute`, with the float state (BatchNormalization's) moved, as a
-        dict of tensors for `apply_computed_gradients`."""
-        _deprecated("compute_gradients", "compute")
-        computed = self.compute(data)
-        self._move_state(computed.moved_state)
-        return computed_step.as_dict(computed)
-
-    def stateless_compute_gradients(
-        self, trainable_variables, non_trainable_variables, data
-    ):
-        """Deprecated: use `compute(data, values=(trainable_variables,
-        non_trainable_variables))`.
-
-        Returns `(computed, non_trainable_variables)`: the dict of
-        `compute_gradients`, and the non-trainable values after the step."""
-        _deprecated("stateless_compute_gradients", "compute(data, values)")
-        computed = self.compute(
-            data, values=(trainable_variables, non_trainable_variables)
-        )
-        return computed_step.as_dict(computed), computed.non_trainable_values
-
-    def apply_computed_gradients(self, computed):
-        """Deprecated: use `apply` and `log`. Applies a dict of
-        `compute_gradients` (its state already moved) and returns the
-        logs."""
-        _deprecated("apply_computed_gradients", "apply` and `log")
-        computed = computed_step.from_dict(computed)
-        return self.log(computed, self.apply(computed))
-
-    def log_computed_step(self, computed, applied=None):
-        """Deprecated: use `log`. The logs of a dict of
-        `compute_gradients`."""
-        _deprecated("log_computed_step", "log")
-        return self.log(computed_step.from_dict(computed), applied)
-
     def test_step(self, data):
         deployment = self._inference_deployment()
-        (x, y, sample_weight), batch_size, clones = self._split(
-            data, deployment
-        )
-        run = self._run_clones(clones, deployment, training=False)
+        batch = clones.split(data, deployment)
+        run = clones.run(self, batch, deployment)
         with tf.device(deployment.optimizer_device()):
-            y_pred = _merge_outputs(run.y_preds, run.sizes)
-            evaluated = _step_record(
-                run, (x, y, sample_weight), batch_size, y_pred
-            )
+            y_pred = clones.merge_outputs(run.y_preds, run.sizes)
+            evaluated = clones.computed_step(run, batch, y_pred)
         return self._metrics_logs(evaluated)
 
     def predict_step(self, data):
         deployment = self._inference_deployment()
-        _, _, clones = self._split(data, deployment)
+        batch = clones.split(data, deployment)
         y_preds = []
-        for i, clone in enumerate(clones):
-            with self._clone_scope(i, deployment):
+        for i, clone in enumerate(batch.clones):
+            with clones.clone_scope(i, deployment):
                 y_preds.append(
-                    self._call_clone(i, clone.data[0], training=False)
+                    clones.call_clone(self, i, clone.data[0], training=False)
                 )
         with tf.device(deployment.inputs_device()):
-            return _merge_outputs(y_preds, [c.size for c in clones])
+            return clones.merge_outputs(y_preds, [c.size for c in batch.clones])
 
-    def _run_clones(self, clones, deployment, training, given=None):
-        """Every clone's forward pass and loss on its slice, under its
-        device and name scope in `deployment`, and in training its
-        gradients.
-
-        In training, clones read their copies of replicated variables, or
-        the `given` values (`clone_reads.GivenValues`), and each clone
-        starts from the same float state: what it assigns is undone and
-        kept as a slice-weighted move (`clone_reads.MovedState`), so that
-        the state moves once per step.
-        """
-        reduction = _loss_reduction(self.loss)  # Refuses what cannot split.
-        replicas = self._replicas if training and given is None else None
-        if replicas is not None:
-            replicas.sync_if_stale()
-        reads = given
-        if training and given is None:
-            reads = clone_reads.VariableReads(self._state_variables())
-        run = _ClonesRun([], [], [], [], [], reads)
-        for i, clone in enumerate(clones):
-            scope, sources = self._clone_reads(i, replicas, given)
-            tape = tf.GradientTape() if training else contextlib.nullcontext()
-            with self._clone_scope(i, deployment):
-                with tape:
-                    if given is not None:
-                        tape.watch(sources)
-                    # Reads clone i's copies or values, where the tape sees
-                    # them.
-                    with scope or contextlib.nullcontext():
-                        y_pred, loss = self._forward(i, clone, training)
-                        contribution = self._weighted_loss(
-                            loss, clone, reduction
-                        )
-                    scaled = contribution
-                    if training and self.optimizer is not None:
-                        scaled = self.optimizer.scale_loss(contribution)
-                if training:
-                    run.grads.append(tape.gradient(scaled, sources))
-                    reads.keep_clone_update(clone.share, scope)
-            run.contributions.append(contribution)
-            run.losses.append(loss)
-            run.sizes.append(clone.size)
-            run.y_preds.append(y_pred)
-        return run
-
-    def _clone_reads(self, i, replicas, given):
-        """Where clone i reads the weights (a scope, or None for the
-        model's variables), and what its gradients are taken against."""
-        if given is not None:
-            return given.scope(), given.trainable_values
-        if replicas is not None:
-            return replicas.scope(i), replicas.variables[i]
-        return None, self.trainable_variables
-
-    def _forward(self, i, clone, training):
-        """Clone i's predictions and loss (as Keras computes it) on its
-        slice."""
-        x_i, y_i, sw_i = clone.data
-        y_pred = self._call_clone(i, x_i, training=training)
-        loss = internals.compute_loss(
-            self,
-            x=x_i,
-            y=y_i,
-            y_pred=y_pred,
-            sample_weight=sw_i,
-            training=training,
-        )
-        return y_pred, loss
-
-    def _combine(self, run, replicated=True):
+    def _combine(self, run, reads):
         """The gradients of the whole batch, summed over clones, and, for
-        replicated variables, each copy's all-reduced gradients (unless
-        `replicated` is false: the clones ran on given values). Across
-        workers, every worker's are made non-finite when any worker's
-        overflowed, so that a `LossScaleOptimizer` skips the step on all of
-        them, and the state moves by the mean of the workers' moves."""
+        replicated variables, each copy's all-reduced gradients; across
+        workers, as every worker applies them (`modes`), with the state
+        `reads` moved agreed."""
         copy_grads = []
-        if self._replicas is None or not replicated:
-            grads = [_sum_gradients(g) for g in zip(*run.grads)]
+        if reads.copies is None:
+            grads = clones.summed_gradients(run.grads)
         else:
-            copy_grads = self._replicas.all_reduce(run.grads)
+            copy_grads = reads.copies.all_reduce(run.grads)
             grads = copy_grads[0]
-        strategy = self.distribute_strategy
-        if strategy.num_replicas_in_sync > 1:
-            if optimizer_capabilities.loss_scaled(self.optimizer):
-                grads = collectives.agree_on_overflow(grads)
-            run.reads.moved.average_across_workers()
+        grads = self._mode.agree_on_step(
+            grads,
+            reads.moved,
+            optimizer_capabilities.loss_scaled(self.optimizer),
+        )
         return grads, copy_grads
 
     def _metrics_logs(self, computed, applied=None):
@@ -879,18 +559,14 @@ class CloneModel(keras.Model):
 
     def fit(self, *args, **kwargs):
         with self._logging_for_fit(True):
-            if cluster.is_parameter_server(self.distribute_strategy):
-                return fitting.fit(self, super().fit, args, kwargs)
-            return worker.run_as_worker(self, super().fit, args, kwargs)
+            return self._mode.fit(self, super().fit, args, kwargs)
 
     def evaluate(self, *args, **kwargs):
         # `fit` validates with its own `CallbackList`; its logs get
         # `val_clone_i_loss` too. Otherwise the result is a plain model's.
-        validation = isinstance(
-            kwargs.get("callbacks"), keras.callbacks.CallbackList
-        )
-        with self._logging_for_fit(False), self._on_coordinator():
-            logs = worker.run_as_worker(self, super().evaluate, args, kwargs)
+        validation = internals.called_by_fit(kwargs.get("callbacks"))
+        with self._logging_for_fit(False):
+            logs = self._mode.infer(self, super().evaluate, args, kwargs)
         if validation and isinstance(logs, dict):
             for name, value in self._clone_losses.results().items():
                 logs[name] = float(value)
@@ -905,20 +581,7 @@ class CloneModel(keras.Model):
         return internals.flatten_metrics_in_order(self, logs)
 
     def predict(self, *args, **kwargs):
-        with self._on_coordinator():
-            return worker.run_as_worker(self, super().predict, args, kwargs)
-
-    def _on_coordinator(self):
-        """Under a `ParameterServerStrategy`, `evaluate` and `predict` run on
-        the coordinator (this process), reading the parameter servers."""
-        if not cluster.is_parameter_server(self.distribute_strategy):
-            return contextlib.nullcontext()
-        if tf.distribute.has_strategy():
-            raise RuntimeError(
-                "Under ParameterServerStrategy, `evaluate` and `predict` run "
-                "on the coordinator: call them outside `strategy.scope()`."
-            )
-        return internals.on_this_process(self)
+        return self._mode.infer(self, super().predict, args, kwargs)
 
     def save(self, filepath, *args, **kwargs):
         if str(filepath).endswith((".h5", ".hdf5")):
@@ -928,11 +591,11 @@ class CloneModel(keras.Model):
                 "Keras format instead: `model.save('model.keras')`. "
                 f"Received: filepath={filepath!r}."
             )
-        with files.write_path(self.distribute_strategy, filepath) as path:
+        with self._mode.write_path(filepath) as path:
             return super().save(path, *args, **kwargs)
 
     def save_weights(self, filepath, *args, **kwargs):
-        with files.write_path(self.distribute_strategy, filepath) as path:
+        with self._mode.write_path(filepath) as path:
             return super().save_weights(path, *args, **kwargs)
 
     def get_config(self):
@@ -964,20 +627,3 @@ def _inject_functional_clone_model(cls):
         _inject_functional_clone_model(base) for base in cls.__bases__
     )
     return cls
-
-
-def _sum_gradients(grads):
-    """Sums one variable's gradients over the clones."""
-    present = [g for g in grads if g is not None]
-    if not present:
-        return None
-    if len(present) == 1:
-        return present[0]
-    if all(isinstance(g, tf.IndexedSlices) for g in present):
-        # Keep sparse gradients sparse: concatenated rows are summed on apply.
-        return tf.IndexedSlices(
-            tf.concat([g.values for g in present], 0),
-            tf.concat([g.indices for g in present], 0),
-            present[0].dense_shape,
-        )
-    return tf.add_n([tf.convert_to_tensor(g) for g in present])

@@ -33,27 +33,43 @@ class MovedState:
 
 
 class VariableReads:
-    """Clones that read the model's variables (or their replicated copies):
-    what a clone assigns to the moved state is undone after it ran and kept
-    (`MovedState`); on replicated copies, its other assignments are
-    applied."""
+    """Clones that read the model's variables, or their replicated
+    `copies` (`replication.VariableCopies`): what a clone assigns to the moved
+    state is undone after it ran and kept (`MovedState`); on replicated
+    copies, its other assignments are applied."""
 
-    def __init__(self, state_variables):
+    watched = False  # The tape watches variables itself.
+
+    def __init__(self, trainable_variables, state_variables, copies=None):
+        self.trainable_variables = trainable_variables
         self.state_variables = state_variables
-        self.moved = MovedState([tf.identity(v.value) for v in state_variables])
+        self.copies = copies
+        self.moved = MovedState(
+            [tf.identity(v.value) for v in self.state_variables]
+        )
 
-    def keep_clone_update(self, share, copies=None):
-        """After a clone ran (on replicated `copies`, if given)."""
+    def scope(self, i):
+        """Where clone i reads: its copies' scope, or None (the variables)."""
+        return None if self.copies is None else self.copies.scope(i)
+
+    def sources(self, i):
+        """What clone i's gradients are taken against."""
+        if self.copies is None:
+            return self.trainable_variables
+        return self.copies.variables[i]
+
+    def keep_clone_update(self, share, scope):
+        """After a clone ran (in the copies' `scope`, if any)."""
         after = [
-            v.value if copies is None else copies.value_of(v)
+            v.value if scope is None else scope.value_of(v)
             for v in self.state_variables
         ]
         self.moved.keep(after, share)
-        if copies is None:
+        if scope is None:
             for v, before in zip(self.state_variables, self.moved.before):
                 v.assign(before)
         else:
-            copies.apply_updates(exclude=self.state_variables)
+            scope.write_assignments(exclude=self.state_variables)
 
     def non_trainable_values(self):
         return None  # The variables hold them.
@@ -64,9 +80,15 @@ class GivenValues:
     (`CloneModel.compute(data, values)`), each in a `keras.StatelessScope`.
     As with variables, each clone starts from the same float state, whose
     moves are kept (`MovedState`); other state (a seed generator's) runs
-    on from clone to clone."""
+    on from clone to clone; `state_variables` are the moved state's
+    variables."""
 
-    def __init__(self, model, trainable_values, non_trainable_values):
+    watched = True  # The tape must watch the values.
+    copies = None  # No replicated copies: the values.
+
+    def __init__(
+        self, model, state_variables, trainable_values, non_trainable_values
+    ):
         trainable_values = values_for(
             model.trainable_variables, trainable_values, "trainable_variables"
         )
@@ -77,11 +99,15 @@ class GivenValues:
             self.non_trainable, non_trainable_values, "non_trainable_variables"
         )
         position = {id(v): k for k, v in enumerate(self.non_trainable)}
-        self.positions = [position[id(v)] for v in model._state_variables()]
+        self.positions = [position[id(v)] for v in state_variables]
         self.moved = MovedState([self.current[k] for k in self.positions])
 
-    def scope(self):
-        """Where a clone reads the values."""
+    def sources(self, i):
+        """What clone i's gradients are taken against: the values."""
+        return self.trainable_values
+
+    def scope(self, i):
+        """Where clone i reads the values."""
         return keras.StatelessScope(
             self.trainable + list(zip(self.non_trainable, self.current))
         )

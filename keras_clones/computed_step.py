@@ -1,9 +1,6 @@
-"""`ComputedStep`: one training step computed and not yet applied, and
-the dicts of the deprecated halves it replaces."""
+"""`ComputedStep`: one training step computed and not yet applied."""
 
 import typing
-
-import tensorflow as tf
 
 
 class ComputedStep(typing.NamedTuple):
@@ -29,29 +26,3 @@ class ComputedStep(typing.NamedTuple):
     copy_grads: list = ()  # Replicated variables: each copy's gradients.
     moved_state: list = ()  # The float state the clones move, after it.
     non_trainable_values: object = None  # With `values`: all, moved.
-
-
-_DICT_FIELDS = (
-    "grads",
-    "y",
-    "y_pred",
-    "sample_weight",
-    "batch_size",
-    "clone_contributions",
-    "clone_losses",
-    "clone_sizes",
-)
-
-
-def as_dict(computed):
-    """A `ComputedStep` as the deprecated halves' dict."""
-    return {name: getattr(computed, name) for name in _DICT_FIELDS}
-
-
-def from_dict(computed):
-    """The deprecated halves' dict as a `ComputedStep` (state moved)."""
-    return ComputedStep(
-        loss=tf.add_n(computed["clone_contributions"]),
-        x=None,
-        **{name: computed.get(name) for name in _DICT_FIELDS},
-    )

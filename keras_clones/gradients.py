@@ -1,6 +1,12 @@
 """Gradients as Keras's optimizers take them: dense tensors, or
-`tf.IndexedSlices` (an `Embedding`'s rows), kept sparse where they pass."""
+`tf.IndexedSlices` (an `Embedding`'s rows), kept sparse where they pass;
+Python and NumPy numbers converted; a missing gradient a warning; and the
+variables they go with (Keras's, plain `tf.Variable`s, or those that take
+their gradient as their value)."""
 
+import warnings
+
+import keras
 import tensorflow as tf
 
 
@@ -23,3 +29,68 @@ def is_finite(grad):
     if grad is None:
         return tf.constant(True)
     return tf.reduce_all(tf.math.is_finite(values(grad)))
+
+
+def tf_variable(variable):
+    """The `tf.Variable` of a Keras variable, or a plain `tf.Variable`."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def variable_name(variable):
+    """A variable's path, or a plain `tf.Variable`'s name (it has no path)."""
+    return getattr(variable, "path", variable.name)
+
+
+def overwrites(variable):
+    """Whether Keras assigns `variable` its gradient (float8 training)."""
+    return getattr(variable, "overwrite_with_gradient", False)
+
+
+def _as_gradient(grad, variable):
+    """A gradient as Keras's optimizers take it: a tensor or `IndexedSlices`
+    as given; a Python or NumPy number or array as a tensor of the
+    variable's dtype, before any update (a conversion that fails changes
+    nothing)."""
+    if isinstance(grad, (tf.Tensor, tf.IndexedSlices)):
+        return grad
+    return tf.cast(tf.convert_to_tensor(grad), variable.dtype)
+
+
+def with_gradients(grads, variables, warn=True):
+    """The (gradient, variable) pairs that have a gradient, as Keras's
+    optimizers keep them: a missing gradient is a warning (if `warn`), none
+    an error."""
+    pairs = [
+        (_as_gradient(g, v), v)
+        for g, v in zip(grads, variables)
+        if g is not None
+    ]
+    missing = [variable_name(v) for g, v in zip(grads, variables) if g is None]
+    if not pairs:
+        raise ValueError(
+            "No gradients provided for any variable. Received None as the "
+            f"gradient of every variable: {missing}. Check that the loss "
+            "depends on the trainable variables (with `model.compile()`, "
+            "that a `loss` was given)."
+        )
+    if missing and warn:
+        warnings.warn(
+            f"Gradients do not exist for variables {missing} when "
+            "minimizing the loss. If using `model.compile()`, did you forget "
+            "to provide a `loss` argument?"
+        )
+    return pairs
+
+
+def overwrite_with_gradients(grads, variables):
+    """Assigns their gradient to the `overwrite_with_gradient` variables, as
+    Keras's optimizers do (no clipping or decay, no AGN state); returns the
+    other gradients and variables."""
+    kept_grads, kept_variables = [], []
+    for grad, variable in zip(grads, variables):
+        if overwrites(variable):
+            variable.assign(grad)
+        else:
+            kept_grads.append(grad)
+            kept_variables.append(variable)
+    return kept_grads, kept_variables

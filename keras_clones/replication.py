@@ -29,7 +29,7 @@ class _CopyScope(keras.StatelessScope):
         value = self.get_current_value(variable)
         return variable.value if value is None else value
 
-    def apply_updates(self, exclude):
+    def write_assignments(self, exclude):
         """Assigns what the clone assigned, except to `exclude`."""
         excluded = {id(v) for v in exclude}
         for key, variable in self.assigned.items():
@@ -37,7 +37,7 @@ class _CopyScope(keras.StatelessScope):
                 variable.assign(self.state_mapping[key])
 
 
-class Replicas:
+class VariableCopies:
     """The copies of a `CloneModel`'s trainable variables and optimizer.
 
     With `broadcast=True` the copies have no optimizer: the model's
@@ -159,8 +159,9 @@ class Replicas:
                 summed[i][k] = grad
         return summed
 
-    def apply(self, clone_grads):
-        """Every copy applies its summed gradients (`all_reduce`'s result).
+    def update(self, clone_grads):
+        """Every copy takes one update of its summed gradients
+        (`all_reduce`'s result).
 
         Clone 0's, to the model's own variables, go through the model's
         optimizer as usual; the copies' optimizers follow its learning rate,

@@ -226,9 +226,44 @@ def test_period_commit_is_the_rule_by_hand(options, expected):
     # What a period of 4 commits, on tensors: the one implementation that
     # one process, multi-worker and parameter-server periods share.
     optimizer = AGNOptimizer(keras.optimizers.SGD(0.1), 4, **options)
-    commit = optimizer.period_commit(
+    commit = optimizer.commit_rule.period_commit(
         gradient_sum=tf.constant([4.0, 8.0]),
         start=tf.constant([1.0, 1.0]),
         end=tf.constant([0.5, 2.0]),
     )
     np.testing.assert_allclose(commit, expected, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "commit, op", [("gradients", "SUM"), ("weight_change", "MEAN")]
+)
+def test_commits_travel_in_the_communication_dtype_and_reduce_by_rule(
+    commit, op
+):
+    # 1 + 2**-10 is not a bfloat16: it travels as 1.0 and comes back as
+    # float32 1.0; 3.0 is exact.
+    rule = AGNOptimizer(
+        keras.optimizers.SGD(0.1),
+        2,
+        commit=commit,
+        communication_dtype="bfloat16",
+    ).commit_rule
+    sent = rule.to_send([tf.constant([1.0 + 2**-10, 3.0])])
+    assert sent[0].dtype == tf.bfloat16
+    (back,) = rule.received(sent, ["float32"])
+    assert back.dtype == tf.float32
+    np.testing.assert_array_equal(back, [1.0, 3.0])
+    assert rule.reduce_op == getattr(tf.distribute.ReduceOp, op)
+
+
+def test_reduced_commits_move_the_centers_by_the_outer_optimizer_by_hand():
+    # SGD with momentum 0.5, learning rate 0.1, two commits: the velocity
+    # is -0.1 g1, then 0.5 (-0.1 g1) - 0.1 g2.
+    outer = keras.optimizers.SGD(0.1, momentum=0.5)
+    rule = AGNOptimizer(keras.optimizers.SGD(0.1), 4).commit_rule
+    center = keras.Variable([1.0, -1.0])
+    rule.move_centers(outer, [tf.constant([2.0, 4.0])], [center])
+    np.testing.assert_allclose(center.numpy(), [0.8, -1.4], atol=1e-7)
+    rule.move_centers(outer, [tf.constant([-2.0, 0.0])], [center])
+    # velocity: 0.5 * [-0.2, -0.4] - 0.1 * [-2, 0] = [0.1, -0.2]
+    np.testing.assert_allclose(center.numpy(), [0.9, -1.6], atol=1e-7)

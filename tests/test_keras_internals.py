@@ -147,21 +147,34 @@ def test_should_evaluate_raises_keras_own_error_for_a_bad_freq():
 
 
 @pytest.mark.parametrize(
-    "options, clipped",
+    "make",
     [
-        ({"clipnorm": 1.0}, [0.6, 0.8]),
-        ({"global_clipnorm": 2.5}, [1.5, 2.0]),
-        ({"clipvalue": 1.0}, [1.0, 1.0]),
-        ({}, [3.0, 4.0]),
+        lambda: keras.optimizers.Adam(0.1, clipnorm=0.5, weight_decay=0.1),
+        lambda: keras.optimizers.Nadam(0.1),  # Its own _backend_update_step.
     ],
 )
-def test_clipped_gradients_are_the_optimizers_own_clipping(options, clipped):
-    optimizer = keras.optimizers.SGD(0.1, **options)
-    grads = internals.clipped_gradients(
-        optimizer, [tf.constant([3.0, 4.0]), None]
-    )
-    np.testing.assert_allclose(grads[0], clipped, rtol=1e-6)
-    assert grads[1] is None
+def test_stateless_copy_applies_on_tensors_as_the_optimizer_on_variables(
+    make,
+):
+    variable = keras.Variable([1.0, -2.0])
+    optimizer = make()
+    copy = internals.stateless_copy(optimizer)
+    assert type(copy).__mro__[1] is type(optimizer)
+    assert float(copy.learning_rate) == 0.0  # Given at each step.
+    copy.build([variable])
+    initial = [v.numpy() for v in copy.variables]
+    values = [v.value for v in copy.variables]
+    values[1] = tf.constant(0.1)  # The learning rate.
+    weights = [variable.value]
+    for grad in ([3.0, 4.0], [-1.0, 0.5]):
+        weights, values = copy.stateless_apply(
+            values, [tf.constant(grad)], weights
+        )
+        optimizer.apply([tf.constant(grad)], [variable])
+    np.testing.assert_allclose(weights[0], variable.numpy(), atol=1e-7)
+    assert int(values[0]) == 2  # iterations
+    for untouched, value in zip(copy.variables, initial):
+        np.testing.assert_array_equal(untouched.numpy(), value)
 
 
 def test_initial_epoch_is_where_backup_and_restore_resumes(tmp_path):
@@ -182,6 +195,22 @@ def test_initial_epoch_is_where_backup_and_restore_resumes(tmp_path):
     history = resumed.fit(x, y, epochs=3, verbose=0, callbacks=[backup])
     assert internals.initial_epoch(resumed) == 1
     assert len(history.history["loss"]) == 2
+
+
+def test_called_by_fit_is_true_for_fits_validation_only():
+    seen = []
+
+    class Recording(keras.Sequential):
+        def evaluate(self, *args, **kwargs):
+            seen.append(internals.called_by_fit(kwargs.get("callbacks")))
+            return super().evaluate(*args, **kwargs)
+
+    model = Recording([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((4, 3)), np.zeros((4, 2))
+    model.fit(x, y, epochs=1, verbose=0, validation_data=(x, y))
+    model.evaluate(x, y, verbose=0, callbacks=[keras.callbacks.History()])
+    assert seen == [True, False]
 
 
 def test_on_this_process_runs_keras_loops_under_the_strategy_in_scope():

@@ -47,7 +47,7 @@ def trained(build, variable_update, optimizer=None, epochs=2, **fit_kwargs):
 
 
 def assert_copies_identical(model):
-    replicas = model._replicas
+    replicas = model._copies
     for i, device in enumerate(DEVICES[1:], start=1):
         for main, copy in zip(replicas.variables[0], replicas.variables[i]):
             np.testing.assert_array_equal(copy.numpy(), main.numpy())
@@ -98,7 +98,7 @@ def test_all_reduce_algorithms_match(all_reduce, devices):
     for a, b in zip(*(m.weights for m in models)):
         np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-5)
     for copy, main in zip(
-        models[1]._replicas.variables[1], models[1]._replicas.variables[0]
+        models[1]._copies.variables[1], models[1]._copies.variables[0]
     ):
         np.testing.assert_array_equal(copy.numpy(), main.numpy())
 
@@ -309,7 +309,7 @@ def test_a_model_without_trainable_weights_trains():
     )
     model.compile("sgd", "mse")
     model.fit(*data(7)[:1], np.zeros((7, 3)), verbose=0)
-    assert model._replicas is None
+    assert model._copies is None
 
 
 def test_nccl_without_gpus_is_an_error_at_fit():
@@ -331,13 +331,13 @@ def test_agn_state_exists_once_and_training_matches():
     for a, b in zip(shared.weights, replicated.weights):
         np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-5)
     # One optimizer, with one set of centers and accumulators.
-    assert replicated._replicas.optimizers == [replicated.optimizer]
+    assert replicated._copies.optimizers == [replicated.optimizer]
     assert len(replicated.optimizer.variables) == len(
         shared.optimizer.variables
     )
     for i in (1, 2):
         for main, copy in zip(
-            replicated._replicas.variables[0], replicated._replicas.variables[i]
+            replicated._copies.variables[0], replicated._copies.variables[i]
         ):
             np.testing.assert_array_equal(copy.numpy(), main.numpy())
 

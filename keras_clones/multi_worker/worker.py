@@ -3,9 +3,9 @@
 import inspect
 import os
 
-import keras
 import tensorflow as tf
 
+from keras_clones import _keras_internals as internals
 from keras_clones.multi_worker import agreement
 from keras_clones.multi_worker import files
 from keras_clones.multi_worker import topology
@@ -36,8 +36,7 @@ def run_as_worker(model, method, args, kwargs):
     bound.apply_defaults()
     arguments = bound.arguments
     callbacks = arguments.get("callbacks")
-    # `fit` hands its `CallbackList` to the `evaluate` of each validation.
-    inside_fit = isinstance(callbacks, keras.callbacks.CallbackList)
+    inside_fit = internals.called_by_fit(callbacks)
     try:
         if not inside_fit:
             agreement.check_same_on_every_worker(

@@ -3,8 +3,8 @@ of the centers, the coordinator applies its commit.
 
 Each scheduled function is one communication period on one worker: it
 reads the global centers from the parameter servers, takes
-`communication_period` inner steps on tensors (`inner_steps`, with the
-worker's own inner-optimizer state), and returns the commit of the
+`communication_period` inner steps on tensors (`inner_optimizer`: Keras's
+own, with the worker's own inner-optimizer state), and returns the commit of the
 `AGNOptimizer`'s rule (the period's gradients or weight change, divided by
 the period if `normalize`, in `communication_dtype`) with each step's
 predictions for the logs. The coordinator applies the commit with
@@ -20,7 +20,7 @@ import typing
 import tensorflow as tf
 
 from keras_clones import gradients
-from keras_clones.parameter_server import inner_steps
+from keras_clones.parameter_server.inner_optimizer import WorkerInnerOptimizer
 from keras_clones.step_hooks import Step
 
 
@@ -29,7 +29,7 @@ class _WorkerCopy(typing.NamedTuple):
 
     weights: list  # The trainable variables' values.
     states: list  # The non-trainable variables' values.
-    inner: list  # The inner optimizer's state (`inner_steps`).
+    inner: list  # The inner optimizer's state (`WorkerInnerOptimizer`).
     gradient_sums: list  # The period's gradients, if the rule commits them.
 
 
@@ -48,13 +48,15 @@ class AGNPeriods:
         self.model = model
         self.optimizer = optimizer
         self.steps = optimizer.communication_period
-        self._rule = inner_steps.rule_for(optimizer.inner_optimizer)
         self._variables = list(model.trainable_variables)
+        self._inner = WorkerInnerOptimizer(
+            optimizer.inner_optimizer, self._variables
+        )
         self._centers = [
             optimizer.global_center_variable(v) for v in self._variables
         ]
         with model.distribute_strategy.scope():
-            self._state = self._rule.create_state(self._variables)
+            self._state = self._inner.create_state()
 
     def start(self):
         self.optimizer.start_centers_from_variables(self._variables)
@@ -95,8 +97,8 @@ class AGNPeriods:
         and what the coordinator's logs (and guard) need of the step."""
         computed = self.model.compute(data, values=(copy.weights, copy.states))
         grads = computed.grads
-        weights, inner = self._rule.step(
-            self._variables, copy.weights, grads, copy.inner, iteration
+        weights, inner = self._inner.step(
+            copy.weights, grads, copy.inner, iteration
         )
         new = _WorkerCopy(
             weights,
@@ -132,23 +134,21 @@ class AGNPeriods:
         return writes
 
     def _commit(self, gradient_sums, pulled, weights):
-        """The commit of the optimizer's rule, in its communication dtype."""
-        optimizer = self.optimizer
+        """The commit of the optimizer's rule, as it travels."""
+        rule = self.optimizer.commit_rule
         sums = gradient_sums or [None] * len(pulled)
-        commit = [
-            optimizer.period_commit(s, p, w)
-            for s, p, w in zip(sums, pulled, weights)
-        ]
-        if optimizer.communication_dtype is not None:
-            commit = [tf.cast(c, optimizer.communication_dtype) for c in commit]
-        return commit
+        return rule.to_send(
+            [
+                rule.period_commit(s, p, w)
+                for s, p, w in zip(sums, pulled, weights)
+            ]
+        )
 
     def on_coordinator(self, result):
         model = self.model
-        commit = [
-            tf.cast(c, v.dtype)
-            for c, v in zip(result["commit"], self._variables)
-        ]
+        commit = self.optimizer.commit_rule.received(
+            result["commit"], [v.dtype for v in self._variables]
+        )
         logs = {}
         # The optimizer steps this commit counts, numbered as the
         # coordinator counts them: `iterations` before each local step.

@@ -15,7 +15,6 @@ import tensorflow as tf
 from keras_clones import _keras_internals as internals
 from keras_clones import optimizer_capabilities
 from keras_clones.parameter_server import cluster
-from keras_clones.parameter_server import inner_steps
 from keras_clones.parameter_server.agn_periods import AGNPeriods
 from keras_clones.parameter_server.downpour import GradientSteps
 from keras_clones.parameter_server.training import AsyncTraining
@@ -180,7 +179,6 @@ def _check_agn(model, steps):
             f"of `communication_period`. Received: steps_per_epoch={steps}, "
             f"communication_period={period}."
         )
-    inner_steps.rule_for(optimizer.inner_optimizer)  # Refuses what it lacks.
 
 
 def _work(model):

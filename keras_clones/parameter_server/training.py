@@ -100,7 +100,7 @@ class AsyncTraining:
         Returns the last logs (the epoch's means)."""
         self.work.start()
         try:
-            logs = self._apply_in_order(steps, callbacks)
+            logs = self._run_in_order(steps, callbacks)
         except tf.errors.OpError:
             raise  # The cluster's own failure: nothing to wait for.
         except Exception:
@@ -110,7 +110,7 @@ class AsyncTraining:
         self._coordinator.join()
         return logs
 
-    def _apply_in_order(self, steps, callbacks):
+    def _run_in_order(self, steps, callbacks):
         per_call = self.work.steps
         calls = steps // per_call
         pending = collections.deque()

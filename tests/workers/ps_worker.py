@@ -18,6 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from keras_optimizers import OPTIMIZERS  # noqa: E402
 
 import keras_clones  # noqa: E402
 from keras_clones.parameter_server import InProcessCluster  # noqa: E402
@@ -603,8 +604,40 @@ def refusals(strategy):
     return results
 
 
+def agn_inner_optimizers(strategy):
+    """Asynchronous AGN (period 4, 3 periods) with each Keras optimizer as
+    the inner one, on 1 worker, against AGNOptimizer in one process: the
+    largest weight difference, and the worker's inner step count."""
+    x, y = (np.concatenate([a, a]) for a in data())  # As repeated.
+    results = {}
+    for name, inner in OPTIMIZERS.items():
+
+        def agn():
+            return keras_clones.AGNOptimizer(inner(), communication_period=4)
+
+        with strategy.scope():
+            model = functional(keras_clones.CloneModel)
+            model.compile(agn(), "mse")
+        model.fit(dataset(), epochs=3, steps_per_epoch=4, verbose=0)
+        plain = functional(keras_clones.CloneModel)
+        plain.compile(agn(), "mse")
+        plain.fit(
+            x[: BATCH * 12],
+            y[: BATCH * 12],
+            batch_size=BATCH,
+            shuffle=False,
+            verbose=0,
+        )
+        results[name] = {
+            "weights": max_difference(model.get_weights(), plain.get_weights()),
+            "rounds": int(model.optimizer.communication_rounds.numpy()),
+        }
+    return results
+
+
 SCENARIOS = {
     "one_worker": one_worker,
+    "agn_inner_optimizers": agn_inner_optimizers,
     "agn_one_worker": agn_one_worker,
     "resume": resume,
     "inf_nan": inf_nan,

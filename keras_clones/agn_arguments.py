@@ -1,0 +1,210 @@
+"""What `AGNOptimizer` accepts: each argument checked on construction,
+with an error that says what was wrong and what to pass."""
+
+import gc
+import warnings
+import weakref
+
+import keras
+import tensorflow as tf
+
+from keras_clones import _keras_internals as internals
+
+# Options of the base optimizer that a wrapper does not take itself: they
+# belong on the inner optimizer, as `LossScaleOptimizer` also requires.
+_BASE_OPTIMIZER_DEFAULTS = {
+    "weight_decay": None,
+    "clipnorm": None,
+    "global_clipnorm": None,
+    "clipvalue": None,
+    "use_ema": False,
+    "ema_momentum": 0.99,
+    "ema_overwrite_frequency": None,
+    "loss_scale_factor": None,
+    "gradient_accumulation_steps": None,
+}
+
+# Options of a wrapped optimizer that AGN cannot honour, and why.
+_REFUSED_INNER_OPTIONS = {
+    "use_ema": "its moving average would replace the local weights at the "
+    "end of `fit`, losing the AGN state; evaluate the global centers with "
+    "`assign_global_centers()` instead",
+    "gradient_accumulation_steps": "AGN already accumulates gradients over "
+    "`communication_period` steps",
+    "loss_scale_factor": "wrap the AGNOptimizer in a "
+    "`keras.optimizers.LossScaleOptimizer` to scale the loss",
+}
+
+
+# Each wrapped optimizer's `AGNOptimizer`, while both live.
+_WRAPPER_OF = weakref.WeakKeyDictionary()
+
+
+def remember_wrapper(wrapper, optimizers):
+    """Records that `wrapper` holds `optimizers`, while both live."""
+    for wrapped in optimizers:
+        _WRAPPER_OF[wrapped] = weakref.ref(wrapper)
+
+
+def _wrapper_of(optimizer):
+    return _WRAPPER_OF.get(optimizer, lambda: None)()
+
+
+def _check_not_wrapped_elsewhere(optimizer, argument):
+    if _wrapper_of(optimizer) is not None:
+        gc.collect()  # A wrapper no longer used may await the collector.
+    wrapper = _wrapper_of(optimizer)
+    if wrapper is not None:
+        raise ValueError(
+            f"`{argument}` ({optimizer.name!r}) is already wrapped by the "
+            f"AGNOptimizer {wrapper.name!r}: two wrappers would share its "
+            "slots and step count. Create new optimizers for each "
+            "AGNOptimizer, e.g. `AGNOptimizer(keras.optimizers.SGD(0.1))` "
+            "each time."
+        )
+
+
+def check_wrapped(optimizer, argument, wrapper_type):
+    """Refuses what `wrapper_type` (`AGNOptimizer`) cannot wrap as
+    `argument`: not a Keras optimizer, a `LossScaleOptimizer`, another
+    wrapper, refused options, or an optimizer a live wrapper holds."""
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"`{argument}` must be a Keras optimizer instance, such as "
+            f"`keras.optimizers.SGD(0.1)`. Received: {optimizer!r} of type "
+            f"{type(optimizer).__name__}."
+        )
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            f"`{argument}` must not be a LossScaleOptimizer: wrap the "
+            "AGNOptimizer in the LossScaleOptimizer instead."
+        )
+    if isinstance(optimizer, wrapper_type):
+        raise ValueError(
+            f"`{argument}` must not be an AGNOptimizer: AGN does not nest. "
+            f"Received: {argument}={optimizer.name!r} (an AGNOptimizer around "
+            f"{optimizer.inner_optimizer.name!r}). Pass the optimizer it "
+            "wraps, `AGNOptimizer(keras.optimizers.SGD(...))`."
+        )
+    for option, reason in _REFUSED_INNER_OPTIONS.items():
+        if getattr(optimizer, option, None):
+            raise ValueError(
+                f"AGNOptimizer cannot honour `{option}` on `{argument}`: "
+                f"{reason}."
+            )
+    _check_not_wrapped_elsewhere(optimizer, argument)
+
+
+def _fresh_copy(optimizer, name):
+    """A new, unbuilt optimizer with `optimizer`'s config and its learning
+    rate object itself (float, schedule or callable), never deserialized."""
+    try:
+        with warnings.catch_warnings():
+            # The learning rate is not serialized, so a lambda is no risk.
+            warnings.filterwarnings("ignore", "The object being serialized")
+            config = optimizer.get_config()
+        learning_rate = internals.learning_rate_object(optimizer)
+        if callable(learning_rate):  # A schedule or a function.
+            config["learning_rate"] = learning_rate
+        config["name"] = name
+        return optimizer.__class__.from_config(config)
+    except TypeError as e:
+        raise ValueError(
+            "AGNOptimizer makes its default outer optimizer with "
+            "`optimizer.__class__.from_config(optimizer.get_config())`, "
+            f"which failed for {optimizer!r}: {e} Pass `outer_optimizer` "
+            "explicitly, e.g. another instance of the same optimizer."
+        ) from None
+
+
+COMMITS = ("gradients", "weight_change")
+_COMMUNICATION_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_commit_options(commit, normalize, communication_dtype):
+    if commit not in COMMITS:
+        raise ValueError(
+            "`commit` must be one of "
+            f"{', '.join(map(repr, COMMITS))}: what each worker commits at "
+            "the end of a period, the mean of its gradients or the change "
+            f"of its weights. Received: commit={commit!r}."
+        )
+    if not isinstance(normalize, bool):
+        raise TypeError(
+            "`normalize` must be True (divide the commit by the period) or "
+            f"False. Received: normalize={normalize!r}."
+        )
+    if (
+        communication_dtype is not None
+        and communication_dtype not in _COMMUNICATION_DTYPES
+    ):
+        raise ValueError(
+            "`communication_dtype` must be None (the variables' dtype) or "
+            f"one of {', '.join(map(repr, _COMMUNICATION_DTYPES))}. "
+            f"Received: communication_dtype={communication_dtype!r}."
+        )
+
+
+def device_list(global_device):
+    """`global_device` as a list of device strings ([None]: no device)."""
+    if global_device is None:
+        return [None]
+    devices = [global_device] if isinstance(global_device, str) else None
+    if isinstance(global_device, (list, tuple)) and global_device:
+        devices = list(global_device)
+    if devices is None or not all(isinstance(d, str) for d in devices):
+        raise TypeError(
+            "`global_device` must be a device string or a non-empty list of "
+            f"device strings. Received: {global_device!r}."
+        )
+    for device in devices:
+        try:
+            tf.DeviceSpec.from_string(device)
+        except ValueError as e:
+            raise ValueError(
+                f"Invalid device {device!r} in `global_device`: {e}"
+            ) from None
+    return devices
+
+
+def check_base_options(kwargs):
+    """Refuses options of the base optimizer that belong on the inner one
+    (or their defaults, which are dropped), and any other argument."""
+    for option, default in _BASE_OPTIMIZER_DEFAULTS.items():
+        if option in kwargs and kwargs.pop(option) != default:
+            raise ValueError(
+                f"AGNOptimizer does not take `{option}`: set it on the "
+                "inner `optimizer` (and on `outer_optimizer`) instead."
+            )
+    if kwargs:
+        raise TypeError(
+            "AGNOptimizer got unexpected arguments: "
+            f"{', '.join(sorted(kwargs))}."
+        )
+
+
+def check_period(communication_period):
+    if (
+        isinstance(communication_period, bool)
+        or not isinstance(communication_period, int)
+        or communication_period < 1
+    ):
+        raise ValueError(
+            "`communication_period` must be an integer >= 1. Received: "
+            f"communication_period={communication_period!r}."
+        )
+
+
+def outer_optimizer_for(optimizer, outer_optimizer, wrapper_type):
+    """The outer optimizer (`outer_optimizer`, checked, else a fresh copy
+    of `optimizer`), and whether it follows the inner one's learning
+    rate (it is the fresh copy)."""
+    if outer_optimizer is None:
+        return _fresh_copy(optimizer, f"{optimizer.name}_outer"), True
+    check_wrapped(outer_optimizer, "outer_optimizer", wrapper_type)
+    if outer_optimizer is optimizer:
+        raise ValueError(
+            "`outer_optimizer` must be a different instance from "
+            "`optimizer`: the centers need their own slots."
+        )
+    return outer_optimizer, False

@@ -1,0 +1,182 @@
+"""Asynchronous AGN's inner step on a worker's tensors (Keras's own
+optimizer, run statelessly) against the same Keras optimizer on variables,
+step by step."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from workers import keras_optimizers
+
+from keras_clones.parameter_server.inner_optimizer import WorkerInnerOptimizer
+
+STEPS = 5
+
+# ScheduleFreeAdamW has a test of its own.
+OPTIMIZERS = {
+    name: make
+    for name, make in keras_optimizers.OPTIMIZERS.items()
+    if name != "ScheduleFreeAdamW"
+}
+
+
+def start_and_grads(shapes=((3, 2), (2,)), steps=STEPS):
+    rng = np.random.default_rng(0)
+    start = [rng.normal(size=s).astype("float32") for s in shapes]
+    grads = [
+        [tf.constant(rng.normal(size=s), "float32") for s in shapes]
+        for _ in range(steps)
+    ]
+    return start, grads
+
+
+def variables_of(start, constraint=None):
+    variables = [keras.Variable(w, name=f"w{i}") for i, w in enumerate(start)]
+    for variable in variables:
+        variable.constraint = constraint
+    return variables
+
+
+def on_tensors(optimizer, variables, grads, iterations=None):
+    """The weights and state after `grads` by `WorkerInnerOptimizer` on
+    tensors, from `variables`' values (which it leaves as they are), at
+    the learning rates of `iterations` (by default 0, 1, ...)."""
+    inner = WorkerInnerOptimizer(optimizer, variables)
+    state = [v.read_value() for v in inner.create_state()]
+    weights = [tf.identity(v.value) for v in variables]
+    iterations = iterations or range(len(grads))
+    for k, g in zip(iterations, grads):
+        weights, state = inner.step(weights, g, state, tf.constant(k, "int64"))
+    return [w.numpy() for w in weights], state
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_keras_optimizer_on_tensors_steps_as_on_variables(name):
+    start, grads = start_and_grads()
+    variables = variables_of(start)
+    weights, state = on_tensors(OPTIMIZERS[name](), variables, grads)
+    for variable, w in zip(variables, start):
+        np.testing.assert_array_equal(variable.numpy(), w)  # Stateless.
+    expected = OPTIMIZERS[name]()
+    for g in grads:
+        expected.apply(g, variables)
+    for e, w in zip(variables, weights):
+        np.testing.assert_allclose(w, e.numpy(), atol=1e-6)
+    assert int(state[0]) == STEPS  # The worker's own step count.
+
+
+def test_variables_constraint_holds_after_each_step_as_keras():
+    start, grads = start_and_grads()
+    variables = variables_of(start, keras.constraints.NonNeg())
+    weights, _ = on_tensors(keras.optimizers.SGD(0.5), variables, grads)
+    assert min(w.min() for w in weights) == 0.0
+    expected = keras.optimizers.SGD(0.5)
+    for g in grads:
+        expected.apply(g, variables)
+    for e, w in zip(variables, weights):
+        np.testing.assert_allclose(w, e.numpy(), atol=1e-6)
+
+
+def test_weight_decay_exclusions_of_the_inner_optimizer_carry_over():
+    start, grads = start_and_grads()
+    variables = variables_of(start)
+
+    def adamw():
+        optimizer = keras.optimizers.AdamW(0.05, weight_decay=0.5)
+        optimizer.exclude_from_weight_decay(var_list=[variables[1]])
+        return optimizer
+
+    weights, _ = on_tensors(adamw(), variables, grads)
+    expected = adamw()
+    for g in grads:
+        expected.apply(g, variables)
+    for e, w in zip(variables, weights):
+        np.testing.assert_allclose(w, e.numpy(), atol=1e-6)
+
+
+def test_schedule_reads_the_global_step_and_bias_correction_its_own():
+    # Steps 10..14 of the schedule, on a worker whose own Adam count starts
+    # at 0: as Keras's Adam whose learning rate is set to the schedule at
+    # the global step before each of its first steps.
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.05, 2, 0.5)
+    start, grads = start_and_grads()
+    variables = variables_of(start)
+    weights, state = on_tensors(
+        keras.optimizers.Adam(schedule),
+        variables,
+        grads,
+        iterations=range(10, 10 + STEPS),
+    )
+    expected = keras.optimizers.Adam(0.0)
+    for k, g in enumerate(grads):
+        expected.learning_rate = float(schedule(10 + k))
+        expected.apply(g, variables)
+    for e, w in zip(variables, weights):
+        np.testing.assert_allclose(w, e.numpy(), atol=1e-6)
+    assert int(state[0]) == STEPS
+
+
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        lambda: keras.optimizers.RMSprop(0.1, momentum=0.5, centered=True),
+        lambda: keras.optimizers.Adagrad(0.1),
+        lambda: keras.optimizers.Adam(0.1),
+    ],
+    ids=["momentum", "rmsprop", "adagrad", "adam"],
+)
+def test_sparse_gradients_with_repeated_rows_step_as_keras(make_optimizer):
+    # An Embedding's gradient repeats a row looked up twice; Keras's
+    # RMSprop, Adagrad and Adam square the rows before summing them.
+    variables = variables_of([np.ones((5, 2), "float32")])
+    grads = []
+    for k in range(4):
+        values = np.arange(6, dtype="float32").reshape(3, 2) + k
+        grads.append(
+            [
+                tf.IndexedSlices(
+                    tf.constant(values),
+                    tf.constant([1, 1, 3]),
+                    tf.constant([5, 2]),
+                )
+            ]
+        )
+    weights, _ = on_tensors(make_optimizer(), variables, grads)
+    expected = make_optimizer()
+    for g in grads:
+        expected.apply(g, variables)
+    np.testing.assert_allclose(weights[0], variables[0].numpy(), atol=1e-6)
+
+
+def schedule_free_adamw_by_hand(start, grads, lr, beta_1=0.9, beta_2=0.999):
+    """ScheduleFreeAdamW's rule (Defazio et al. 2024) as Keras writes it,
+    with `momentum_old` the momentum before the step's update."""
+    epsilon = 1e-7
+    y = [w.astype("float64") for w in start]
+    z = [w.copy() for w in y]  # The momentum starts at the weights.
+    v = [np.zeros_like(w) for w in y]
+    for t, step in enumerate(grads, start=1):
+        for i, g in enumerate(step):
+            g = g.numpy().astype("float64")
+            z_old = z[i]
+            v[i] = v[i] + (g * g - v[i]) * (1 - beta_2)
+            denom = np.sqrt(v[i] / (1 - beta_2**t)) + epsilon
+            z[i] = z_old - lr * g / denom
+            x_old = (y[i] - (1 - beta_1) * z_old) / beta_1
+            x_new = (1 - 1 / t) * x_old + (1 / t) * z[i]
+            y[i] = (1 - beta_1) * z[i] + beta_1 * x_new
+    return y
+
+
+def test_schedule_free_adamw_on_tensors_is_its_rule_by_hand():
+    # Keras's TensorFlow ScheduleFreeAdamW reads `momentum_old` through the
+    # live variable after updating it; on tensors the value before the
+    # update is read, as the rule (and Keras's other backends) say.
+    start, grads = start_and_grads()
+    variables = variables_of(start)
+    weights, _ = on_tensors(
+        keras.optimizers.ScheduleFreeAdamW(0.01), variables, grads
+    )
+    for e, w in zip(schedule_free_adamw_by_hand(start, grads, 0.01), weights):
+        np.testing.assert_allclose(w, e, atol=1e-6)
