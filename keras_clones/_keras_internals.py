@@ -44,8 +44,8 @@ __all__ = [
     "initial_epoch",
     "on_this_process",
     "own_variables",
-    "stateless_copy",
     "should_evaluate",
+    "stateless_copy",
     "symbolic_build",
     "track_variable",
     "uses_weight_decay",
@@ -198,6 +198,9 @@ def without_gradient_all_reduce(optimizer):
 # `TFOptimizer`'s overrides that reach past a Keras variable to its
 # `tf.Variable`, or through `tf.distribute`, and so around a
 # `keras.StatelessScope`; Keras's backend-independent versions do neither.
+# (Its other two such overrides serve `use_ema` and
+# `gradient_accumulation_steps`, which AGNOptimizer refuses on its inner
+# optimizer; the rest are pure or serve these.)
 _THROUGH_TF_VARIABLES = (
     "add_variable_from_reference",
     "assign",

@@ -458,8 +458,8 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         raise ValueError(
-            "AGNOptimizer runs on the TensorFlow backend, which has no "
-            "stateless apply."
+            "AGNOptimizer runs on the TensorFlow backend, whose optimizers "
+            "have no stateless apply."
         )
 
     def get_config(self):

@@ -50,9 +50,11 @@ def _replica_context():
 
 class AGNSteps:
     """The step of `AGNOptimizer` (a part of its class): what it does with
-    its centers, accumulators and counters (`global_center_variable`,
-    `grad_variable`, `_local_step`, `_communication_rounds`) each step and
-    at each period's end, by its `commit_rule`."""
+    its centers, accumulators and counters each step and at each period's
+    end, by its `commit_rule`. It reads the state `agn.py` builds:
+    `global_center_variable`, `grad_variable`, `_local_step`,
+    `_communication_rounds`, `_accumulates` (whether gradients are
+    accumulated) and `_step_hooks`."""
 
     def start_centers_from_variables(self, var_list):
         """On the first step only (`local_step` still 0), copies each

@@ -4,8 +4,9 @@ servers, chosen here, in one place, from the model's strategy.
 A `CloneModel` asks its mode (`of(strategy)`) how `fit`, `evaluate`,
 `predict` and `save` run, which train and test functions it traces, how it
 builds, and what its combined step agrees on across workers; it imports
-neither `multi_worker/` nor `parameter_server/`, and both run the model's
-public halves (`compute`, `apply`, `log`).
+neither `multi_worker/` nor `parameter_server/`. Across workers the train
+function runs `train_step` (the model's three halves); parameter-server
+workers run `compute`, and the coordinator `apply` and `log`.
 """
 
 import tensorflow as tf

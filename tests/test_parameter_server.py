@@ -212,7 +212,7 @@ def test_inf_nan_check_skips_agns_local_step_on_the_worker(scenario):
         ("replicated", "`variable_update='replicated'` cannot apply"),
         ("steps_per_execution", "`steps_per_execution` must be 1"),
         ("agn_steps", "multiple of `communication_period`.*=4, .*=3"),
-        ("agn_lion", "^no error$"),
+        ("agn_lion_fine", "^no error$"),
         ("agn_loss_scaled", "wrapped in a LossScaleOptimizer"),
         ("agn_fine", "^no error$"),
         ("matching_deployment", "^no error$"),

@@ -47,15 +47,15 @@ def trained(build, variable_update, optimizer=None, epochs=2, **fit_kwargs):
 
 
 def assert_copies_identical(model):
-    replicas = model._copies
+    copies = model._copies
     for i, device in enumerate(DEVICES[1:], start=1):
-        for main, copy in zip(replicas.variables[0], replicas.variables[i]):
+        for main, copy in zip(copies.variables[0], copies.variables[i]):
             np.testing.assert_array_equal(copy.numpy(), main.numpy())
             assert copy.value.device.endswith(device.upper()[1:]), device
-        if len(replicas.optimizers) == 1:  # The copies take the weights.
+        if len(copies.optimizers) == 1:  # The copies take the weights.
             continue
         for main, copy in zip(
-            replicas.optimizers[0].variables, replicas.optimizers[i].variables
+            copies.optimizers[0].variables, copies.optimizers[i].variables
         ):
             np.testing.assert_array_equal(copy.numpy(), main.numpy())
 

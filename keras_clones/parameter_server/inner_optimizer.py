@@ -27,10 +27,20 @@ class WorkerInnerOptimizer:
 
     def __init__(self, optimizer, variables):
         self.optimizer = optimizer
-        with warnings.catch_warnings():
-            # A callable learning rate is not serialized: it is read here.
-            warnings.filterwarnings("ignore", "The object being serialized")
-            self._stateless = internals.stateless_copy(optimizer)
+        try:
+            with warnings.catch_warnings():
+                # A callable learning rate is not serialized: it is read
+                # here.
+                warnings.filterwarnings("ignore", "The object being serialized")
+                self._stateless = internals.stateless_copy(optimizer)
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                "Under ParameterServerStrategy, workers run an AGNOptimizer's "
+                "inner optimizer on their own tensors, through a copy made "
+                "with `optimizer.__class__.from_config(optimizer.get_config"
+                f"())`, which failed for {optimizer!r}: {e} Give the "
+                "optimizer's class a `get_config` that `from_config` takes."
+            ) from None
         self._stateless.exclude_from_weight_decay(
             var_list=[
                 v
@@ -62,9 +72,13 @@ class WorkerInnerOptimizer:
         optimizer step `iteration`; the new weights and state."""
         values = list(state)
         values.insert(self._learning_rate_index, self._learning_rate(iteration))
-        weights, values = self._stateless.stateless_apply(
-            values, grads, weights
-        )
+        with warnings.catch_warnings():
+            # A missing gradient leaves its variable as it is, as in one
+            # process, where AGNOptimizer does not warn of it either.
+            warnings.filterwarnings("ignore", "Gradients do not exist")
+            weights, values = self._stateless.stateless_apply(
+                values, grads, weights
+            )
         del values[self._learning_rate_index]
         return weights, values
 

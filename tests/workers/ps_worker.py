@@ -597,7 +597,7 @@ def refusals(strategy):
     optimizers = keras.optimizers
     results.update(
         agn_steps=refusal(agn(steps_per_epoch=4)),
-        agn_lion=refusal(agn(optimizers.Lion)),
+        agn_lion_fine=refusal(agn(optimizers.Lion)),
         agn_loss_scaled=refusal(agn(loss_scaled=True)),
         agn_fine=refusal(agn(optimizers.AdamW)),
     )
@@ -607,7 +607,7 @@ def refusals(strategy):
 def agn_inner_optimizers(strategy):
     """Asynchronous AGN (period 4, 3 periods) with each Keras optimizer as
     the inner one, on 1 worker, against AGNOptimizer in one process: the
-    largest weight difference, and the worker's inner step count."""
+    largest weight difference, and the commits applied."""
     x, y = (np.concatenate([a, a]) for a in data())  # As repeated.
     results = {}
     for name, inner in OPTIMIZERS.items():
