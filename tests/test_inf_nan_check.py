@@ -411,3 +411,38 @@ def test_agn_period_one_skips_as_the_bare_optimizer(agn_model):
     assert len(outer_slots) == len(bare_slots) > 0
     for va, vb in zip(outer_slots, bare_slots):
         np.testing.assert_allclose(va, vb, atol=1e-6, err_msg=va.path)
+
+
+def test_agn_period_of_skipped_steps_commits_zero_which_momentum_applies():
+    # Period 2, outer SGD(0.1, momentum 0.5): the first period commits its
+    # gradients; the second, both of whose steps are skipped, commits zero,
+    # and the outer momentum still moves the centers: by hand,
+    # c2 - c1 = 0.5 (c1 - c0).
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(4 * BATCH, 3)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5]])).astype("float32")
+    x[2 * BATCH + 1, 0] = x[3 * BATCH, 2] = np.nan
+    model = plain_model()
+    start = [w.numpy() for w in model.trainable_weights]
+    outer = keras.optimizers.SGD(0.1, momentum=0.5)
+    model.compile(AGNOptimizer(keras.optimizers.SGD(0.1), 2, outer), "mse")
+    after_first = StateAround(1)
+    history = model.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=[after_first, InfNanCheck()],
+    ).history
+    optimizer = model.optimizer
+    assert history["skipped_steps"] == [2.0]
+    assert int(optimizer.communication_rounds.numpy()) == 2
+    for variable, c0 in zip(model.trainable_variables, start):
+        center = optimizer.global_center_variable(variable)
+        c1 = after_first.after[center.path]
+        assert np.any(c1 != c0)
+        np.testing.assert_allclose(
+            center.numpy() - c1, 0.5 * (c1 - c0), atol=1e-6
+        )
+        np.testing.assert_array_equal(variable.numpy(), center.numpy())
