@@ -180,3 +180,16 @@ def test_schedule_free_adamw_on_tensors_is_its_rule_by_hand():
     )
     for e, w in zip(schedule_free_adamw_by_hand(start, grads, 0.01), weights):
         np.testing.assert_allclose(w, e, atol=1e-6)
+
+
+def test_callable_learning_rate_is_called_at_each_step_as_keras():
+    start, grads = start_and_grads()
+    variables = variables_of(start)
+    weights, _ = on_tensors(
+        keras.optimizers.Adam(lambda: 0.02), variables, grads
+    )
+    expected = keras.optimizers.Adam(lambda: 0.02)
+    for g in grads:
+        expected.apply(g, variables)
+    for e, w in zip(variables, weights):
+        np.testing.assert_allclose(w, e.numpy(), atol=1e-6)
