@@ -163,6 +163,9 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
         self.commit = commit
         self.normalize = normalize
         self.communication_dtype = communication_dtype
+        self._commit_rule = CommitRule(
+            commit, normalize, communication_period, communication_dtype
+        )
         # Only the gradients rule keeps gradient accumulators.
         self._accumulates = commit == "gradients" and communication_period > 1
         self._step_hooks = StepHooks()
@@ -432,12 +435,7 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
     def commit_rule(self):
         """This optimizer's rule on tensors (`agn_rule.CommitRule`): what a
         period commits, how commits travel and move the centers."""
-        return CommitRule(
-            self.commit,
-            self.normalize,
-            self.communication_period,
-            self.communication_dtype,
-        )
+        return self._commit_rule
 
     @property
     def learning_rate(self):

@@ -206,11 +206,12 @@ def run(model, batch, deployment, reads=None):
     result = ClonesRun([], [], [], [], [])
     for i, clone in enumerate(batch.clones):
         scope = reads.scope(i) if training else None
+        sources = reads.sources(i) if training else None
         tape = tf.GradientTape() if training else contextlib.nullcontext()
         with clone_scope(i, deployment):
             with tape:
                 if training and reads.watched:
-                    tape.watch(reads.sources(i))
+                    tape.watch(sources)
                 with scope or contextlib.nullcontext():
                     y_pred, loss = _forward(model, i, clone, training)
                     contribution = _weighted_loss(model, loss, clone, reduction)
@@ -218,7 +219,7 @@ def run(model, batch, deployment, reads=None):
                 if training and model.optimizer is not None:
                     scaled = model.optimizer.scale_loss(contribution)
             if training:
-                result.grads.append(tape.gradient(scaled, reads.sources(i)))
+                result.grads.append(tape.gradient(scaled, sources))
                 reads.keep_clone_update(clone.share, scope)
         result.contributions.append(contribution)
         result.losses.append(loss)

@@ -50,6 +50,15 @@ def on_tensors(optimizer, variables, grads, iterations=None):
     return [w.numpy() for w in weights], state
 
 
+def assert_steps_as_keras(weights, optimizer, variables, grads):
+    """`weights` equal `variables` after `optimizer.apply` of each of
+    `grads` (Keras's own update, on the variables)."""
+    for g in grads:
+        optimizer.apply(g, variables)
+    for variable, w in zip(variables, weights):
+        np.testing.assert_allclose(w, variable.numpy(), atol=1e-6)
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_keras_optimizer_on_tensors_steps_as_on_variables(name):
     start, grads = start_and_grads()
@@ -57,11 +66,7 @@ def test_keras_optimizer_on_tensors_steps_as_on_variables(name):
     weights, state = on_tensors(OPTIMIZERS[name](), variables, grads)
     for variable, w in zip(variables, start):
         np.testing.assert_array_equal(variable.numpy(), w)  # Stateless.
-    expected = OPTIMIZERS[name]()
-    for g in grads:
-        expected.apply(g, variables)
-    for e, w in zip(variables, weights):
-        np.testing.assert_allclose(w, e.numpy(), atol=1e-6)
+    assert_steps_as_keras(weights, OPTIMIZERS[name](), variables, grads)
     assert int(state[0]) == STEPS  # The worker's own step count.
 
 
@@ -70,11 +75,7 @@ def test_variables_constraint_holds_after_each_step_as_keras():
     variables = variables_of(start, keras.constraints.NonNeg())
     weights, _ = on_tensors(keras.optimizers.SGD(0.5), variables, grads)
     assert min(w.min() for w in weights) == 0.0
-    expected = keras.optimizers.SGD(0.5)
-    for g in grads:
-        expected.apply(g, variables)
-    for e, w in zip(variables, weights):
-        np.testing.assert_allclose(w, e.numpy(), atol=1e-6)
+    assert_steps_as_keras(weights, keras.optimizers.SGD(0.5), variables, grads)
 
 
 def test_weight_decay_exclusions_of_the_inner_optimizer_carry_over():
@@ -87,11 +88,7 @@ def test_weight_decay_exclusions_of_the_inner_optimizer_carry_over():
         return optimizer
 
     weights, _ = on_tensors(adamw(), variables, grads)
-    expected = adamw()
-    for g in grads:
-        expected.apply(g, variables)
-    for e, w in zip(variables, weights):
-        np.testing.assert_allclose(w, e.numpy(), atol=1e-6)
+    assert_steps_as_keras(weights, adamw(), variables, grads)
 
 
 def test_schedule_reads_the_global_step_and_bias_correction_its_own():
@@ -143,10 +140,7 @@ def test_sparse_gradients_with_repeated_rows_step_as_keras(make_optimizer):
             ]
         )
     weights, _ = on_tensors(make_optimizer(), variables, grads)
-    expected = make_optimizer()
-    for g in grads:
-        expected.apply(g, variables)
-    np.testing.assert_allclose(weights[0], variables[0].numpy(), atol=1e-6)
+    assert_steps_as_keras(weights, make_optimizer(), variables, grads)
 
 
 def schedule_free_adamw_by_hand(start, grads, lr, beta_1=0.9, beta_2=0.999):
@@ -188,8 +182,6 @@ def test_callable_learning_rate_is_called_at_each_step_as_keras():
     weights, _ = on_tensors(
         keras.optimizers.Adam(lambda: 0.02), variables, grads
     )
-    expected = keras.optimizers.Adam(lambda: 0.02)
-    for g in grads:
-        expected.apply(g, variables)
-    for e, w in zip(variables, weights):
-        np.testing.assert_allclose(w, e.numpy(), atol=1e-6)
+    assert_steps_as_keras(
+        weights, keras.optimizers.Adam(lambda: 0.02), variables, grads
+    )
