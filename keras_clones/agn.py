@@ -9,6 +9,7 @@ import tensorflow as tf
 from keras_clones import _keras_internals as internals
 from keras_clones import agn_arguments as arguments
 from keras_clones import gradients
+from keras_clones.agn_overlap import OverlappedCommits
 from keras_clones.agn_rule import CommitRule
 from keras_clones.agn_steps import AGNSteps
 from keras_clones.step_hooks import StepHooks
@@ -29,7 +30,7 @@ def _has_value(variable):
 
 
 @keras.saving.register_keras_serializable(package="keras_clones")
-class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
+class AGNOptimizer(AGNSteps, OverlappedCommits, keras.optimizers.Optimizer):
     """Accumulated Gradient Normalization (Hermans et al., ACML 2017).
 
     Wraps any Keras optimizer. Each step (each `apply`):
@@ -115,6 +116,19 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
         communication_dtype: `None` (the variables' dtype, bit-exact),
             `"float32"`, `"bfloat16"` or `"float16"`: the dtype each commit
             is rounded to and all-reduced in.
+        overlap: Whether each period's commit is applied one period late,
+            at the end of the next period, so that across workers its
+            all-reduce travels while the next period's local steps compute
+            (Streaming DiLoCo's overlap). The local weights then become
+            `mixing * local + (1 - mixing) * centers`. Needs a period of 2
+            or more; across workers, `steps_per_execution` equal to the
+            period. The commit in flight is applied at the end of `fit`,
+            before a `CloneModel` evaluates, and by
+            `assign_global_centers()`; `model.save` and checkpoints keep it
+            in flight. See the README's "Overlapped commits".
+        mixing: With `overlap=True`, the weight of the local weights when
+            a commit arrives, in [0, 1]; by default 0.5 (0 takes the
+            centers). Only with `overlap=True`.
 
     Example:
 
@@ -142,12 +156,17 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
         commit="gradients",
         normalize=True,
         communication_dtype=None,
+        overlap=False,
+        mixing=None,
         **kwargs,
     ):
         arguments.check_base_options(kwargs)
         arguments.check_wrapped(optimizer, "optimizer", AGNOptimizer)
         arguments.check_period(communication_period)
         arguments.check_commit_options(commit, normalize, communication_dtype)
+        mixing_used = arguments.check_overlap(
+            overlap, mixing, communication_period
+        )
         outer_optimizer, outer_follows_inner = arguments.outer_optimizer_for(
             optimizer, outer_optimizer, AGNOptimizer
         )
@@ -163,6 +182,9 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
         self.commit = commit
         self.normalize = normalize
         self.communication_dtype = communication_dtype
+        self.overlap = overlap
+        self._mixing = mixing
+        self.mixing = mixing_used
         self._commit_rule = CommitRule(
             commit, normalize, communication_period, communication_dtype
         )
@@ -214,10 +236,12 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
                 continue
             self._centers.append(self._add_center(variable, i))
             self._accumulators.append(
-                self._add_accumulator(variable)
+                self._add_replica_sum(variable, "grad_accumulator")
                 if self.commit == "gradients"
                 else None
             )
+        if self.overlap:
+            self._build_overlap(var_list, self._add_replica_sum)
 
     def _add_center(self, variable, index):
         device = self._global_devices[index % len(self._global_devices)]
@@ -236,11 +260,12 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
             center.assign(variable)
         return center
 
-    def _add_accumulator(self, variable):
-        # Each replica sums its own gradients, with no communication; read
-        # outside a replica (saving, `grad_variable(v).numpy()`) the
-        # variable is the sum over replicas, i.e. the accumulated all-reduced
-        # gradient. Restoring it gives every replica an equal share.
+    def _add_replica_sum(self, variable, what):
+        # Each replica keeps its own (gradients summed, a commit in flight),
+        # with no communication; read outside a replica (saving,
+        # `grad_variable(v).numpy()`) the variable is the sum over replicas,
+        # e.g. the accumulated all-reduced gradient. Restoring it gives
+        # every replica an equal share, which reduces to the same.
         strategy = internals.distribution_strategy(self)
         colocate = strategy.extended.colocate_vars_with
         with (
@@ -254,7 +279,7 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
                 trainable=False,
                 synchronization="on_read",
                 aggregation="sum",
-                name=_slot_name(variable, "grad_accumulator"),
+                name=_slot_name(variable, what),
             )
         internals.track_variable(self, accumulator)
         return accumulator
@@ -413,7 +438,9 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
     def assign_global_centers(self, var_list=None):
         """Copies the global centers into their variables.
 
-        Use it to evaluate or export the global model. Training from there
+        Use it to evaluate or export the global model. With `overlap=True`
+        the commit in flight is applied first (`apply_in_flight_commit`).
+        Training from there
         starts a new communication period from the centers only if the
         accumulators are empty, i.e. right after a synchronisation.
 
@@ -422,6 +449,7 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
                 the optimizer was built with (but those with
                 `overwrite_with_gradient`, which have no center).
         """
+        self.apply_in_flight_commit()
         if var_list is None:
             var_list = [
                 v
@@ -451,7 +479,9 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
         return loss
 
     def finalize_variable_values(self, var_list):
-        # The model keeps its local weights (see the class docstring).
+        # The model keeps its local weights (see the class docstring), with
+        # the commit in flight applied.
+        self.apply_in_flight_commit()
         self.inner_optimizer.finalize_variable_values(var_list)
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
@@ -475,6 +505,8 @@ class AGNOptimizer(AGNSteps, keras.optimizers.Optimizer):
             "commit": self.commit,
             "normalize": self.normalize,
             "communication_dtype": self.communication_dtype,
+            "overlap": self.overlap,
+            "mixing": self._mixing,
         }
 
     @classmethod

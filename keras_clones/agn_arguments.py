@@ -208,3 +208,44 @@ def outer_optimizer_for(optimizer, outer_optimizer, wrapper_type):
             "`optimizer`: the centers need their own slots."
         )
     return outer_optimizer, False
+
+
+def check_overlap(overlap, mixing, communication_period):
+    """Refuses `overlap`/`mixing` values AGN cannot honour; returns the
+    mixing used (0.5, Streaming DiLoCo's, by default with `overlap`)."""
+    if not isinstance(overlap, bool):
+        raise TypeError(
+            "`overlap` must be True (apply each period's commit one period "
+            f"late, while the next period computes) or False. Received: "
+            f"overlap={overlap!r}."
+        )
+    if not overlap:
+        if mixing is not None:
+            raise ValueError(
+                "`mixing` is the weight of the local weights when an "
+                "overlapped commit arrives, and is only used with "
+                f"`overlap=True`. Received: mixing={mixing!r} with "
+                "overlap=False. Pass `overlap=True`, or leave `mixing` out."
+            )
+        return None
+    if communication_period == 1:
+        raise ValueError(
+            "`overlap=True` needs a `communication_period` of at least 2: "
+            "with a period of 1 every step commits, so there are no local "
+            "steps to hide the all-reduce behind. Received: "
+            "communication_period=1."
+        )
+    if mixing is None:
+        return 0.5
+    if (
+        isinstance(mixing, bool)
+        or not isinstance(mixing, (int, float))
+        or not 0 <= mixing <= 1
+    ):
+        raise ValueError(
+            "`mixing` must be a number in [0, 1]: the local weights become "
+            "`mixing * local + (1 - mixing) * global` when an overlapped "
+            "commit arrives (0 takes the global weights). Received: "
+            f"mixing={mixing!r}."
+        )
+    return float(mixing)

@@ -15,16 +15,6 @@ from keras_clones.multi_worker import topology
 from keras_clones.step_hooks import Step
 
 
-def _update(distribution, variable, value):
-    """Assigns `value` to `variable` on every replica (cross-replica)."""
-    distribution.extended.update(
-        gradients.tf_variable(variable),
-        lambda var, value: var.assign(value),
-        args=(gradients.tf_variable(value),),
-        group=False,
-    )
-
-
 def _replica_context():
     """The replica context `apply` runs in; refuses where AGN cannot."""
     strategy = tf.distribute.get_strategy()
@@ -61,6 +51,13 @@ class AGNSteps:
         variable into its global center, as `begin_local_step` does: the
         reverse of `assign_global_centers`. For training that takes local
         steps elsewhere (parameter-server training)."""
+        if self.overlap:
+            raise ValueError(
+                "`overlap=True` does not apply to parameter-server training: "
+                "there each worker's period already runs apart from the "
+                "others', and the coordinator applies its commit when it "
+                "arrives. Create the AGNOptimizer with `overlap=False`."
+            )
         self.build(var_list)
         if int(self._local_step.numpy()) == 0:
             for variable in var_list:
@@ -228,7 +225,14 @@ class AGNSteps:
         def copy_model_into_centers():
             for variable in variables:
                 center = self.global_center_variable(variable)
-                _update(distribution, center, variable)
+                gradients.assign_in_cross_replica(
+                    distribution, center, variable
+                )
+                if self.overlap and self.commit == "weight_change":
+                    start = self.period_start(variable)
+                    gradients.assign_in_cross_replica(
+                        distribution, start, variable
+                    )
 
         tf.cond(
             tf.equal(self._local_step, 0),
@@ -238,6 +242,9 @@ class AGNSteps:
 
     def _count_step(self, distribution, pairs, step_hooks, applied):
         self._local_step.assign_add(1)
+        if self.overlap:
+            self._count_overlapped_step(distribution, pairs, step_hooks)
+            return
         if self.communication_period > 1:
             commits = tf.equal(self._local_step % self.communication_period, 0)
         elif applied is not None:  # The step is the commit (agreed).
@@ -251,13 +258,27 @@ class AGNSteps:
             lambda: None,
         )
 
+    def _count_overlapped_step(self, distribution, pairs, step_hooks):
+        variables = [v for _, v in pairs]
+        self._remember_period_end(variables, step_hooks)
+        if self._execution_ends_periods:
+            return  # `commits_around_execution` ends the period.
+        ends = tf.equal(self._local_step % self.communication_period, 0)
+        tf.cond(
+            ends,
+            lambda: self._end_period_in_step(
+                distribution, variables, step_hooks
+            ),
+            lambda: None,
+        )
+
     def _synchronise(self, distribution, pairs, step_hooks):
         self._communication_rounds.assign_add(1)
         distribution.extended.call_for_each_replica(
             self._commit_on_replica, args=(pairs, step_hooks)
         )
         for _, variable in pairs:
-            _update(
+            gradients.assign_in_cross_replica(
                 distribution, variable, self.global_center_variable(variable)
             )
 
@@ -292,8 +313,12 @@ class AGNSteps:
         gradient_sum = None
         if self.commit == "gradients":
             gradient_sum = self.grad_variable(variable).value
-        center = self.global_center_variable(variable)
-        return self.commit_rule.period_commit(gradient_sum, center, variable)
+            start = None
+        elif self.overlap:  # Centers move a period late.
+            start = self.period_start(variable)
+        else:
+            start = self.global_center_variable(variable)
+        return self.commit_rule.period_commit(gradient_sum, start, variable)
 
     def _all_reduce(self, values):
         """Every replica's commits, reduced by the rule (a sum of gradients

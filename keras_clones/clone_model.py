@@ -198,7 +198,7 @@ class CloneModel(DeprecatedHalves, keras.Model):
             return super().make_train_function(force)
         if self.train_function is None or force:
             self.train_function = self._mode.step_function(
-                self, self.train_step
+                self, self.train_step, training=True
             )
         return self.train_function
 
@@ -565,6 +565,8 @@ class CloneModel(DeprecatedHalves, keras.Model):
         # `fit` validates with its own `CallbackList`; its logs get
         # `val_clone_i_loss` too. Otherwise the result is a plain model's.
         validation = internals.called_by_fit(kwargs.get("callbacks"))
+        # It evaluates the weights with the commit in flight applied.
+        optimizer_capabilities.apply_in_flight_commit(self.optimizer)
         with self._logging_for_fit(False):
             logs = self._mode.infer(self, super().evaluate, args, kwargs)
         if validation and isinstance(logs, dict):

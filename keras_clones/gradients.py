@@ -36,6 +36,17 @@ def tf_variable(variable):
     return variable.value if isinstance(variable, keras.Variable) else variable
 
 
+def assign_in_cross_replica(distribution, variable, value):
+    """Assigns `value` (the same, or per replica) to `variable` on every
+    replica, from `distribution`'s cross-replica context."""
+    distribution.extended.update(
+        tf_variable(variable),
+        lambda var, value: var.assign(value),
+        args=(tf_variable(value),),
+        group=False,
+    )
+
+
 def variable_name(variable):
     """A variable's path, or a plain `tf.Variable`'s name (it has no path)."""
     return getattr(variable, "path", variable.name)

@@ -81,8 +81,8 @@ class OneProcess:
         Keras's own build serves."""
         return False
 
-    def step_function(self, model, step):
-        """The train or test function of `step` where
+    def step_function(self, model, step, training=False):
+        """The train (`training`) or test function of `step` where
         `traces_own_functions`."""
         raise NotImplementedError
 
@@ -106,8 +106,8 @@ class MultiWorker(OneProcess):
         functions.build_from_local_batch(model, iterator)
         return True
 
-    def step_function(self, model, step):
-        return functions.step_function(model, step)
+    def step_function(self, model, step, training=False):
+        return functions.step_function(model, step, training)
 
     def agree_on_step(self, grads, moved, loss_scaled):
         """Every worker's gradients are made non-finite when any worker's

@@ -5,6 +5,8 @@ Never by type: an optimizer offers a capability by having the attribute
 `LossScaleOptimizer` offers those of the optimizer it wraps.
 """
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -76,6 +78,41 @@ def apply_in_parts(optimizer, hooks, step, before=None):
     applied = hooks.run(step._replace(skip_agreement=agreement), update)
     optimizer.end_local_step(grads, variables, hooks, applied)
     return applied
+
+
+def commits_around_execution(optimizer, steps_per_execution):
+    """What a train function across workers wraps its loop of steps in: an
+    optimizer that overlaps its commits with the steps (an
+    `AGNOptimizer(overlap=True)`) all-reduces the commit in flight beside
+    them and ends the period after them; for others, nothing.
+
+    Raises:
+        ValueError: if an overlapping optimizer's period is not
+            `steps_per_execution`, so that an execution would not end at
+            its period's end.
+    """
+    optimizer = unwrapped(optimizer)
+    if not getattr(optimizer, "overlap", False):
+        return contextlib.nullcontext()
+    period = optimizer.communication_period
+    if steps_per_execution != period:
+        raise ValueError(
+            "With `AGNOptimizer(overlap=True)` across workers, each "
+            "execution of the train function must span one communication "
+            "period, so that the all-reduce runs beside a period's steps. "
+            f"Received: steps_per_execution={steps_per_execution} with "
+            f"communication_period={period}. Compile with "
+            f"`steps_per_execution={period}`."
+        )
+    return optimizer.commits_around_execution()
+
+
+def apply_in_flight_commit(optimizer):
+    """Applies the commit an optimizer holds in flight (an
+    `AGNOptimizer(overlap=True)`'s), before the model is evaluated."""
+    apply = getattr(unwrapped(optimizer), "apply_in_flight_commit", None)
+    if apply is not None:
+        apply()
 
 
 def copies_can_apply(optimizer):

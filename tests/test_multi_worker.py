@@ -214,6 +214,31 @@ def test_bfloat16_all_reduce_sums_rounded_commits_in_half_the_bytes(
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("name", ["overlap", "overlap_diloco"])
+def test_overlapped_commits_across_workers_apply_a_period_late_as_by_hand(
+    agn_results, name
+):
+    # Period 2, one execution a period, 8 steps: commits sent after steps 2,
+    # 4, 6 and 8, each all-reduced beside the next period's steps and
+    # applied at its end; the end of `fit` applies the last.
+    workers, reference = agn_results
+    for index, worker in enumerate(workers):
+        assert worker[f"{name}_phase"] == 0  # Nothing left in flight.
+        np.testing.assert_array_equal(worker[f"{name}_rounds"], [2, 4])
+        for got, want in zip(
+            variables(worker, f"{name}_center"),
+            variables(reference, f"{name}_center"),
+        ):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        for got, want in zip(
+            variables(worker, f"{name}_weight"),
+            variables(reference, f"{name}_worker_{index}_weight"),
+        ):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    for a, b in zip(*(variables(w, f"{name}_center") for w in workers)):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory):
     """Two runs of chief_worker.py: one crashes at epoch 2, one resumes."""

@@ -1,23 +1,37 @@
 """The train and test functions across workers, and building."""
 
+import contextlib
+
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
+from keras_clones import optimizer_capabilities
 
 
-def step_function(model, step):
-    """`model`'s train (`step=model.train_step`) or test function across
-    workers, which averages the logs across workers once per execution
-    (`steps_per_execution` steps), in one all-reduce.
+def step_function(model, step, training=False):
+    """`model`'s train (`step=model.train_step`, `training=True`) or test
+    function across workers, which averages the logs across workers once
+    per execution (`steps_per_execution` steps), in one all-reduce.
 
     Keras's own reduce each log after every step, with two collectives per
     entry: between the synchronisations of `AGNOptimizer`, the only
     communication left, and on a few cores as slow as a step. Like Keras's,
     it runs an execution's steps in one graph, returns the logs of its last
     step, and ends the epoch (`OutOfRangeError`) when the data ran out
-    before its first step.
+    before its first step. An optimizer that overlaps its commits with the
+    steps sees the loop (`optimizer_capabilities.commits_around_execution`).
     """
     strategy = model.distribute_strategy
+    around_loop = contextlib.nullcontext
+    if training:
+        optimizer_capabilities.commits_around_execution(
+            model.optimizer, model.steps_per_execution
+        )  # Checks it before tracing.
+
+        def around_loop():
+            return optimizer_capabilities.commits_around_execution(
+                model.optimizer, model.steps_per_execution
+            )
 
     def one_step(data):
         # Keras's data adapters stand for a missing element (no sample
@@ -32,13 +46,22 @@ def step_function(model, step):
         one_step = tf.function(one_step, jit_compile=True)
 
     def function(iterator):
-        logs = one_step(iterator.get_next())
-        if model.steps_per_execution > 1:  # Else no loop in the graph.
-            for _ in tf.range(model.steps_per_execution - 1):
-                optional = iterator.get_next_as_optional()
-                if not optional.has_value():
-                    break
-                logs = one_step(optional.get_value())
+        with around_loop():
+            logs = one_step(iterator.get_next())
+            if model.steps_per_execution > 1:  # Else no loop in the graph.
+                for _ in tf.range(model.steps_per_execution - 1):
+                    optional = iterator.get_next_as_optional()
+                    if not optional.has_value():
+                        break
+                    logs = one_step(optional.get_value())
+        if isinstance(logs, dict) and "communication_rounds" in logs:
+            # Read after the loop: a period may end after the steps.
+            logs = dict(
+                logs,
+                communication_rounds=(
+                    optimizer_capabilities.communication_rounds(model.optimizer)
+                ),
+            )
         return strategy.experimental_local_results(
             strategy.run(_packed_mean, args=(logs,))
         )[0]

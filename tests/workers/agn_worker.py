@@ -2,7 +2,8 @@
 
 Each worker trains a CloneModel of 2 clones with AGN(SGD with momentum) at
 communication periods 1 and 3 (the default rule), and at period 3 with the
-Hermans and DiLoCo rules and with a bfloat16 all-reduce; it saves to
+Hermans and DiLoCo rules and with a bfloat16 all-reduce, and with overlapped
+commits at period 2 (one execution a period); it saves to
 `OUT/agn_worker_<i>.npz` its local weights, global centers, logs and the
 batches it was fed. With `--reference` it instead computes, in one process
 and by hand, what the workers should hold, from the batches they saved (the
@@ -40,6 +41,12 @@ RUNS = {
         (0.7, 0.9, True),
     ),
     "bf16": (3, {"communication_dtype": "bfloat16"}, None),
+    "overlap": (2, {"overlap": True}, None),
+    "overlap_diloco": (
+        2,
+        {"overlap": True, "mixing": 0.25, "commit": "weight_change"},
+        (0.7, 0.9, True),
+    ),
 }
 
 
@@ -70,11 +77,15 @@ def worker(out, index):
             optimizer = keras_clones.AGNOptimizer(
                 sgd(), period, outer_optimizer=outer, **options
             )
-            model.compile(optimizer, "mse")
+            # With overlap, an execution spans a period.
+            spe = period if options.get("overlap") else 1
+            model.compile(optimizer, "mse", steps_per_execution=spe)
         history = model.fit(dataset(), epochs=EPOCHS, verbose=0).history
         arrays[f"{name}_rounds"] = np.array(history["communication_rounds"])
         arrays[f"{name}_local_step"] = optimizer.local_step.numpy()
         arrays[f"{name}_bytes_per_round"] = optimizer.bytes_per_round
+        if options.get("overlap"):
+            arrays[f"{name}_phase"] = optimizer.in_flight_phase.numpy()
         for i, variable in enumerate(model.trainable_weights):
             center = optimizer.global_center_variable(variable)
             arrays[f"{name}_weight_{i}"] = variable.numpy()
@@ -106,12 +117,16 @@ def bfloat16(value):
     return tf.cast(tf.cast(value, "bfloat16"), "float32").numpy()
 
 
-def commits(accumulated, local, center, period, options):
-    """Each worker's commit of the period, per variable."""
+def commits(accumulated, local, start, period, options):
+    """Each worker's commit of the period, per variable; `start[w]` is
+    worker w's weights at the period's start."""
     if options.get("commit") == "weight_change":
         # Keras divides each worker's gradient by the workers, and AGN
         # undoes it for the local steps: the weight change is the worker's.
-        sent = [[c - w for c, w in zip(center, weights)] for weights in local]
+        sent = [
+            [s - w for s, w in zip(begun, weights)]
+            for begun, weights in zip(start, local)
+        ]
     else:  # Gradients Keras has divided by the workers: summed, not meant.
         sent = [[a * WORKERS for a in acc] for acc in accumulated]
     if options.get("normalize", True):
@@ -140,6 +155,9 @@ def agn_by_hand(x, y, period, options, outer, skipped=()):
     local = [[w.copy() for w in initial] for _ in range(WORKERS)]
     velocity = [[np.zeros_like(w) for w in initial] for _ in range(WORKERS)]
     accumulated = [[np.zeros_like(w) for w in initial] for _ in range(WORKERS)]
+    start = [[w.copy() for w in initial] for _ in range(WORKERS)]
+    in_flight = None  # With overlap: the last period's mean commit.
+    mixing = options.get("mixing", 0.5)
     step = 0
     for _ in range(EPOCHS):
         for t in range(x.shape[1]):
@@ -152,14 +170,34 @@ def agn_by_hand(x, y, period, options, outer, skipped=()):
                     a += g / WORKERS
             step += 1
             if step % period == 0:
-                sent = commits(accumulated, local, center, period, options)
+                sent = commits(accumulated, local, start, period, options)
                 mean = mean_over_workers(sent, options)
-                momentum_step(center, outer_velocity, mean, outer)
-                local = [[c.copy() for c in center] for _ in range(WORKERS)]
                 accumulated = [
                     [np.zeros_like(c) for c in center] for _ in range(WORKERS)
                 ]
+                if not options.get("overlap"):
+                    momentum_step(center, outer_velocity, mean, outer)
+                    local = [[c.copy() for c in center] for _ in range(WORKERS)]
+                    start = [[c.copy() for c in center] for _ in local]
+                    continue
+                # Period k's commit moves the centers at period k+1's end,
+                # then the local weights mix with them.
+                if in_flight is not None:
+                    momentum_step(center, outer_velocity, in_flight, outer)
+                    local = mix(local, center, mixing)
+                start = [[w.copy() for w in weights] for weights in local]
+                in_flight = mean
+    if in_flight is not None:  # The end of `fit` applies it.
+        momentum_step(center, outer_velocity, in_flight, outer)
+        local = mix(local, center, mixing)
     return local, center
+
+
+def mix(local, center, mixing):
+    return [
+        [mixing * w + (1 - mixing) * c for w, c in zip(weights, center)]
+        for weights in local
+    ]
 
 
 def reference(out):

@@ -1,0 +1,229 @@
+"""AGNOptimizer(overlap=True) in one process against the rule by hand: each
+period's commit moves the centers a period late, then the local weights mix
+with them. (Across workers: tests/test_multi_worker.py.)"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_agn import InterruptAtEpoch
+from test_agn_rules import PERIOD
+from test_agn_rules import RULES
+from test_agn_rules import STEPS
+from test_agn_rules import bfloat16
+from test_agn_rules import hand_commit
+
+import keras_clones
+from keras_clones import AGNOptimizer
+from keras_clones import optimizer_capabilities
+
+
+def overlapped_by_hand(options, grads, start, inner, outer, mixing):
+    """Local weights and centers after each step, and at the end of `fit`
+    (the commit in flight applied)."""
+    local, center, begun = start.copy(), start.copy(), start.copy()
+    accumulated, in_flight, history = np.zeros_like(start), None, []
+    for k, grad in enumerate(grads):
+        local = inner.step(local, grad)
+        accumulated = accumulated + grad
+        if (k + 1) % PERIOD == 0:
+            commit = hand_commit(options, accumulated, begun, local)
+            if options.get("communication_dtype") == "bfloat16":
+                commit = bfloat16(commit)
+            accumulated = np.zeros_like(start)
+            if in_flight is not None:
+                center = outer.step(center, in_flight)
+                local = mixing * local + (1 - mixing) * center
+            begun, in_flight = local.copy(), commit
+        history.append((local, center))
+    center = outer.step(center, in_flight)
+    flushed = (mixing * local + (1 - mixing) * center, center)
+    return history, flushed
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("mixing", [0.0, 0.5])
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_overlap_applies_each_commit_a_period_late_as_by_hand(
+    name, mixing, dtype
+):
+    options, inner, hand_inner, outer, hand_outer = RULES[name]
+    options = dict(options, communication_dtype=dtype)
+    # In float32 by hand too, to compare at float32's precision.
+    start = np.array([1.0, -2.0, 0.5], "float32")
+    grads = np.random.default_rng(0).normal(size=(STEPS, 3)).astype("float32")
+    variable = keras.Variable(start)
+    optimizer = AGNOptimizer(
+        inner(),
+        PERIOD,
+        outer_optimizer=outer and outer(),
+        overlap=True,
+        mixing=mixing,
+        **options,
+    )
+    step = tf.function(lambda g: optimizer.apply([g], [variable]))
+    history, flushed = overlapped_by_hand(
+        options, grads, start, hand_inner(), hand_outer(), mixing
+    )
+    # Adam's float32 steps drift from the hand's float64 ones by 1e-6; a
+    # bfloat16 rounding by hand may land a bfloat16 ulp away.
+    atol = 1e-6 if name in ("contrib", "downpour") else 1e-5
+    tolerance = {"rtol": 1e-6, "atol": atol if dtype is None else 1e-2}
+    for grad, (local, center) in zip(grads, history):
+        step(tf.constant(grad, "float32"))
+        np.testing.assert_allclose(variable.numpy(), local, **tolerance)
+        center_got = optimizer.global_center_variable(variable).numpy()
+        np.testing.assert_allclose(center_got, center, **tolerance)
+    # Commits sent after steps 3, 6 and 9; the last is still in flight.
+    assert int(optimizer.communication_rounds.numpy()) == STEPS // PERIOD
+    assert int(optimizer.in_flight_phase.numpy()) == 2
+    optimizer.apply_in_flight_commit()
+    assert int(optimizer.in_flight_phase.numpy()) == 0
+    np.testing.assert_allclose(variable.numpy(), flushed[0], **tolerance)
+    center_got = optimizer.global_center_variable(variable).numpy()
+    np.testing.assert_allclose(center_got, flushed[1], **tolerance)
+
+
+def regression(seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+
+def data():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(24, 3)).astype("float32")
+    return x, (x @ rng.normal(size=(3, 2))).astype("float32")
+
+
+def overlapped(period=2, **options):
+    return AGNOptimizer(
+        keras.optimizers.Adam(0.05), period, overlap=True, **options
+    )
+
+
+def test_fit_ends_with_the_commit_in_flight_applied():
+    # 6 steps of period 4: one commit, sent at step 4, applied by the end.
+    model = regression()
+    model.compile(overlapped(period=4, mixing=0.0), "mse")
+    model.fit(*data(), batch_size=4, verbose=0)
+    optimizer = model.optimizer
+    assert int(optimizer.in_flight_phase.numpy()) == 0
+    assert int(optimizer.communication_rounds.numpy()) == 1
+    # Mixing 0: the local weights took the centers it moved.
+    for variable in model.trainable_variables:
+        center = optimizer.global_center_variable(variable)
+        np.testing.assert_array_equal(variable.numpy(), center.numpy())
+
+
+def test_assign_global_centers_and_a_clone_models_evaluate_apply_it_first():
+    x, y = data()
+    for evaluate in (False, True):
+        keras.utils.set_random_seed(0)
+        model = keras_clones.CloneModel(*_layers())
+        model.compile(overlapped(mixing=0.5), "mse")
+        for i in range(4):  # Two periods: one commit applied, one held.
+            model.train_on_batch(x[4 * i : 4 * i + 4], y[4 * i : 4 * i + 4])
+        optimizer = model.optimizer
+        kernel = model.trainable_variables[0]
+        center = optimizer.global_center_variable(kernel)
+        before = center.numpy()
+        assert int(optimizer.in_flight_phase.numpy()) == 2
+        if evaluate:
+            model.evaluate(x, y, verbose=0)
+            assert not np.allclose(kernel.numpy(), center.numpy())
+        else:
+            optimizer.assign_global_centers()
+            np.testing.assert_array_equal(kernel.numpy(), center.numpy())
+        assert int(optimizer.in_flight_phase.numpy()) == 0
+        assert not np.allclose(center.numpy(), before)
+
+
+def _layers():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((3,))
+    return inputs, keras.layers.Dense(2)(inputs)
+
+
+@pytest.mark.parametrize("commit", ["gradients", "weight_change"])
+def test_backup_with_a_commit_in_flight_resumes_exactly(tmp_path, commit):
+    # 6 steps an epoch, period 4: each backup holds a commit in flight.
+    def fit(callbacks=()):
+        model = regression()
+        model.compile(overlapped(period=4, commit=commit), "mse")
+        model.fit(
+            *data(), batch_size=4, epochs=3, verbose=0, callbacks=callbacks
+        )
+        return model
+
+    uninterrupted = fit()
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit([keras.callbacks.BackupAndRestore(tmp_path), InterruptAtEpoch(2)])
+    resumed = fit([keras.callbacks.BackupAndRestore(tmp_path)])
+    assert int(resumed.optimizer.local_step.numpy()) == 18
+    for a, b in zip(uninterrupted.weights, resumed.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for a, b in zip(
+        uninterrupted.optimizer.variables, resumed.optimizer.variables
+    ):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_a_saved_model_keeps_its_commit_in_flight(tmp_path):
+    x, y = data()
+    model = regression()
+    model.compile(overlapped(period=2), "mse")
+    for i in range(3):
+        model.train_on_batch(x[4 * i : 4 * i + 4], y[4 * i : 4 * i + 4])
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert int(loaded.optimizer.in_flight_phase.numpy()) == 2
+    for m in (model, loaded):
+        m.fit(x[12:], y[12:], batch_size=4, shuffle=False, verbose=0)
+    for a, b in zip(model.weights, loaded.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (
+            {"overlap": True, "communication_period": 1},
+            ValueError,
+            "at least 2",
+        ),
+        ({"mixing": 0.5}, ValueError, "only used with `overlap=True`"),
+        ({"overlap": True, "mixing": 1.5}, ValueError, r"in \[0, 1\]"),
+        ({"overlap": True, "mixing": "half"}, ValueError, r"in \[0, 1\]"),
+        ({"overlap": 1}, TypeError, "must be True"),
+    ],
+)
+def test_invalid_overlap_options(kwargs, error, match):
+    kwargs = {"communication_period": 4, **kwargs}
+    with pytest.raises(error, match=match):
+        AGNOptimizer(keras.optimizers.SGD(0.1), **kwargs)
+
+
+def test_overlap_options_round_trip_through_config():
+    for options, mixing in (({}, 0.5), ({"mixing": 0.25}, 0.25)):
+        optimizer = overlapped(**options)
+        config = optimizer.get_config()
+        restored = AGNOptimizer.from_config(config)
+        assert restored.overlap is True and restored.mixing == mixing
+        assert restored.get_config() == config
+    assert (
+        AGNOptimizer(keras.optimizers.SGD(0.1)).get_config()["overlap"] is False
+    )
+
+
+def test_across_workers_an_execution_must_span_the_period():
+    optimizer = overlapped(period=4)
+    with pytest.raises(ValueError, match="steps_per_execution=4"):
+        optimizer_capabilities.commits_around_execution(optimizer, 1)
+
+
+def test_parameter_server_training_refuses_overlap():
+    optimizer = overlapped()
+    variable = keras.Variable(np.zeros(2, "float32"))
+    with pytest.raises(ValueError, match="parameter-server training"):
+        optimizer.start_centers_from_variables([variable])
