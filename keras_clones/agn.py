@@ -8,7 +8,9 @@ import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
 from keras_clones import agn_arguments as arguments
+from keras_clones import agn_fragments
 from keras_clones import gradients
+from keras_clones.agn_fragments import FragmentedCommits
 from keras_clones.agn_overlap import OverlappedCommits
 from keras_clones.agn_rule import CommitRule
 from keras_clones.agn_steps import AGNSteps
@@ -30,7 +32,9 @@ def _has_value(variable):
 
 
 @keras.saving.register_keras_serializable(package="keras_clones")
-class AGNOptimizer(AGNSteps, OverlappedCommits, keras.optimizers.Optimizer):
+class AGNOptimizer(
+    AGNSteps, OverlappedCommits, FragmentedCommits, keras.optimizers.Optimizer
+):
     """Accumulated Gradient Normalization (Hermans et al., ACML 2017).
 
     Wraps any Keras optimizer. Each step (each `apply`):
@@ -129,6 +133,14 @@ class AGNOptimizer(AGNSteps, OverlappedCommits, keras.optimizers.Optimizer):
         mixing: With `overlap=True`, the weight of the local weights when
             a commit arrives, in [0, 1]; by default 0.5 (0 takes the
             centers). Only with `overlap=True`.
+        fragments: The number of fragments the weights are cut into, of
+            similar bytes (inside variables where needed), each committing
+            at its own step of the period, fragment f at local step
+            `(f + 1) * period / fragments`: each all-reduce carries about
+            1/`fragments` of the model. It must divide the period; the
+            outer optimizer then runs on each fragment apart (its own state
+            and step count) and must update each element on its own (see
+            the README's "Fragmented commits").
 
     Example:
 
@@ -158,6 +170,7 @@ class AGNOptimizer(AGNSteps, OverlappedCommits, keras.optimizers.Optimizer):
         communication_dtype=None,
         overlap=False,
         mixing=None,
+        fragments=1,
         **kwargs,
     ):
         arguments.check_base_options(kwargs)
@@ -167,9 +180,11 @@ class AGNOptimizer(AGNSteps, OverlappedCommits, keras.optimizers.Optimizer):
         mixing_used = arguments.check_overlap(
             overlap, mixing, communication_period
         )
+        arguments.check_fragments(fragments, communication_period, overlap)
         outer_optimizer, outer_follows_inner = arguments.outer_optimizer_for(
             optimizer, outer_optimizer, AGNOptimizer
         )
+        agn_fragments.check_outer_optimizer(outer_optimizer, fragments)
         global_devices = arguments.device_list(global_device)
         super().__init__(learning_rate=0.0, name=name)
         self._outer_follows_inner = outer_follows_inner
@@ -185,6 +200,7 @@ class AGNOptimizer(AGNSteps, OverlappedCommits, keras.optimizers.Optimizer):
         self.overlap = overlap
         self._mixing = mixing
         self.mixing = mixing_used
+        self.fragments = fragments
         self._commit_rule = CommitRule(
             commit, normalize, communication_period, communication_dtype
         )
@@ -211,7 +227,10 @@ class AGNOptimizer(AGNSteps, OverlappedCommits, keras.optimizers.Optimizer):
         # Where Keras builds a bare optimizer (in the first step's trace, for
         # a model built by that step): their `build` may read the variables.
         self.inner_optimizer.build(var_list)
-        self.outer_optimizer.build([c for c in self._centers if c is not None])
+        if self.fragments == 1:  # Else it runs on each fragment apart.
+            self.outer_optimizer.build(
+                [c for c in self._centers if c is not None]
+            )
         super().build(var_list)
         if self._outer_follows_inner or self._exclusions_forwarded:
             self._exclude_centers_from_weight_decay()
@@ -242,6 +261,10 @@ class AGNOptimizer(AGNSteps, OverlappedCommits, keras.optimizers.Optimizer):
             )
         if self.overlap:
             self._build_overlap(var_list, self._add_replica_sum)
+        if self.fragments > 1:
+            self._build_fragments(
+                [v for v, c in zip(var_list, self._centers) if c is not None]
+            )
 
     def _add_center(self, variable, index):
         device = self._global_devices[index % len(self._global_devices)]
@@ -378,7 +401,9 @@ class AGNOptimizer(AGNSteps, OverlappedCommits, keras.optimizers.Optimizer):
         """The bytes each worker contributes to one synchronisation's
         all-reduce: every weight that has a center, in
         `communication_dtype` (else its own dtype); sparse gradients of a
-        one-step period are sent as they are, so they send fewer."""
+        one-step period are sent as they are, so they send fewer. With
+        `fragments`, a period's all-reduces carry it together, about
+        1/`fragments` each."""
         if not self.built:
             raise ValueError(
                 "The AGNOptimizer has no variables to synchronise yet: it is "
@@ -507,6 +532,7 @@ class AGNOptimizer(AGNSteps, OverlappedCommits, keras.optimizers.Optimizer):
             "communication_dtype": self.communication_dtype,
             "overlap": self.overlap,
             "mixing": self._mixing,
+            "fragments": self.fragments,
         }
 
     @classmethod

@@ -249,3 +249,25 @@ def check_overlap(overlap, mixing, communication_period):
             f"mixing={mixing!r}."
         )
     return float(mixing)
+
+
+def check_fragments(fragments, communication_period, overlap):
+    if (
+        isinstance(fragments, bool)
+        or not isinstance(fragments, int)
+        or fragments < 1
+        or communication_period % fragments
+    ):
+        raise ValueError(
+            "`fragments` must be an integer >= 1 that divides "
+            "`communication_period`: fragment f commits at local step "
+            "(f + 1) * period / fragments of each period. Received: "
+            f"fragments={fragments!r} with "
+            f"communication_period={communication_period}."
+        )
+    if fragments > 1 and overlap:
+        raise ValueError(
+            "`fragments` > 1 with `overlap=True` is not built yet: each "
+            "fragment's commit would have to travel behind the steps up to "
+            "its next commit. Use one of them."
+        )

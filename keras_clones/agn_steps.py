@@ -51,12 +51,13 @@ class AGNSteps:
         variable into its global center, as `begin_local_step` does: the
         reverse of `assign_global_centers`. For training that takes local
         steps elsewhere (parameter-server training)."""
-        if self.overlap:
+        if self.overlap or self.fragments > 1:
             raise ValueError(
-                "`overlap=True` does not apply to parameter-server training: "
-                "there each worker's period already runs apart from the "
-                "others', and the coordinator applies its commit when it "
-                "arrives. Create the AGNOptimizer with `overlap=False`."
+                "`overlap=True` and `fragments` > 1 do not apply to "
+                "parameter-server training: there each worker's period "
+                "already runs apart from the others', and the coordinator "
+                "applies its whole commit when it arrives. Create the "
+                "AGNOptimizer with `overlap=False` and `fragments=1`."
             )
         self.build(var_list)
         if int(self._local_step.numpy()) == 0:
@@ -244,6 +245,9 @@ class AGNSteps:
         self._local_step.assign_add(1)
         if self.overlap:
             self._count_overlapped_step(distribution, pairs, step_hooks)
+            return
+        if self.fragments > 1:
+            self._count_fragmented_step(distribution, step_hooks)
             return
         if self.communication_period > 1:
             commits = tf.equal(self._local_step % self.communication_period, 0)

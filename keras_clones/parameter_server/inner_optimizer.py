@@ -1,96 +1,36 @@
 """An `AGNOptimizer`'s inner optimizer on a worker's own tensors: Keras's
-own optimizer, run statelessly.
+own optimizer, run statelessly (`keras_clones.tensor_optimizer`).
 
 Under a `ParameterServerStrategy` a worker takes a period's local steps on
-copies of the weights it pulled, not on variables. Each step runs the
-inner optimizer's whole `apply` (clipping, weight decay, its update,
-constraints, its step count) on tensors, through a stateless copy of it
-(`_keras_internals.stateless_copy`; `docs/spikes/ps_keras_optimizers.md`).
-Its state (slots and step count) lives in per-worker variables between
-periods, read once at a period's start and assigned once at its end (they
-get no automatic control dependencies), so each worker keeps its own, as
-dist-keras's workers kept theirs. A learning-rate schedule is evaluated at
-the global step; bias corrections count the worker's own steps.
+copies of the weights it pulled, not on variables. Its state (slots and
+step count) lives in per-worker variables between periods, read once at a
+period's start and assigned once at its end (they get no automatic control
+dependencies), so each worker keeps its own, as dist-keras's workers kept
+theirs. A learning-rate schedule is evaluated at the global step; bias
+corrections count the worker's own steps.
 """
 
-import warnings
-
-import keras
 import tensorflow as tf
 
-from keras_clones import _keras_internals as internals
+from keras_clones.tensor_optimizer import TensorOptimizer
 
 
-class WorkerInnerOptimizer:
+class WorkerInnerOptimizer(TensorOptimizer):
     """The inner optimizer of `AGNOptimizer` on `variables` (the model's
     trainable variables), as a worker runs it on tensors."""
 
     def __init__(self, optimizer, variables):
-        self.optimizer = optimizer
-        try:
-            with warnings.catch_warnings():
-                # A callable learning rate is not serialized: it is read
-                # here.
-                warnings.filterwarnings("ignore", "The object being serialized")
-                self._stateless = internals.stateless_copy(optimizer)
-        except (TypeError, ValueError) as e:
-            raise ValueError(
-                "Under ParameterServerStrategy, workers run an AGNOptimizer's "
-                "inner optimizer on their own tensors, through a copy made "
-                "with `optimizer.__class__.from_config(optimizer.get_config"
-                f"())`, which failed for {optimizer!r}: {e} Give the "
-                "optimizer's class a `get_config` that `from_config` takes."
-            ) from None
-        self._stateless.exclude_from_weight_decay(
-            var_list=[
-                v
-                for v in variables
-                if not internals.uses_weight_decay(optimizer, v)
-            ]
+        super().__init__(
+            optimizer,
+            variables,
+            "Under ParameterServerStrategy, workers run an AGNOptimizer's "
+            "inner optimizer",
         )
-        self._stateless.build(variables)
-        # All of its variables but the learning rate, which each step gives
-        # (by identity: `==` compares a variable's values).
-        learning_rate = internals.learning_rate_object(self._stateless)
-        variables = self._stateless.variables
-        self._learning_rate_index = next(
-            i for i, v in enumerate(variables) if v is learning_rate
-        )
-        self._state_variables = [v for v in variables if v is not learning_rate]
 
     def create_state(self):
         """Per-worker variables (call under the strategy's scope) holding
         the state before the first step, as the optimizer builds it."""
         return [
             tf.Variable(v.numpy(), per_worker_variable=True)
-            for v in self._state_variables
+            for v in self.state_templates
         ]
-
-    def step(self, weights, grads, state, iteration):
-        """One `apply` of `grads` to `weights` (tensors of the variables)
-        from `state` (tensors of `create_state`'s), at the learning rate of
-        optimizer step `iteration`; the new weights and state."""
-        values = list(state)
-        values.insert(self._learning_rate_index, self._learning_rate(iteration))
-        with warnings.catch_warnings():
-            # A missing gradient leaves its variable as it is, as in one
-            # process, where AGNOptimizer does not warn of it either.
-            warnings.filterwarnings("ignore", "Gradients do not exist")
-            weights, values = self._stateless.stateless_apply(
-                values, grads, weights
-            )
-        del values[self._learning_rate_index]
-        return weights, values
-
-    def _learning_rate(self, iteration):
-        """The inner optimizer's learning rate at step `iteration`."""
-        learning_rate = internals.learning_rate_object(self.optimizer)
-        if isinstance(
-            learning_rate, keras.optimizers.schedules.LearningRateSchedule
-        ):
-            learning_rate = learning_rate(iteration)
-        elif isinstance(learning_rate, keras.Variable):
-            learning_rate = learning_rate.value
-        elif callable(learning_rate):
-            learning_rate = learning_rate()
-        return tf.cast(learning_rate, self._stateless.learning_rate.dtype)

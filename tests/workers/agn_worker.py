@@ -3,7 +3,8 @@
 Each worker trains a CloneModel of 2 clones with AGN(SGD with momentum) at
 communication periods 1 and 3 (the default rule), and at period 3 with the
 Hermans and DiLoCo rules and with a bfloat16 all-reduce, and with overlapped
-commits at period 2 (one execution a period); it saves to
+commits at period 2 (one execution a period), and with 2 and 4 fragments at
+period 4; it saves to
 `OUT/agn_worker_<i>.npz` its local weights, global centers, logs and the
 batches it was fed. With `--reference` it instead computes, in one process
 and by hand, what the workers should hold, from the batches they saved (the
@@ -45,6 +46,12 @@ RUNS = {
     "overlap_diloco": (
         2,
         {"overlap": True, "mixing": 0.25, "commit": "weight_change"},
+        (0.7, 0.9, True),
+    ),
+    "fragments": (4, {"fragments": 2}, None),
+    "fragments_diloco": (
+        4,
+        {"fragments": 4, "commit": "weight_change", "normalize": False},
         (0.7, 0.9, True),
     ),
 }
@@ -158,6 +165,7 @@ def agn_by_hand(x, y, period, options, outer, skipped=()):
     start = [[w.copy() for w in initial] for _ in range(WORKERS)]
     in_flight = None  # With overlap: the last period's mean commit.
     mixing = options.get("mixing", 0.5)
+    fragments = Fragmented(initial, options, outer)
     step = 0
     for _ in range(EPOCHS):
         for t in range(x.shape[1]):
@@ -169,6 +177,9 @@ def agn_by_hand(x, y, period, options, outer, skipped=()):
                 for a, g in zip(accumulated[w], grads):
                     a += g / WORKERS
             step += 1
+            if fragments.count > 1:
+                fragments.commit(step, period, accumulated, local, center)
+                continue
             if step % period == 0:
                 sent = commits(accumulated, local, start, period, options)
                 mean = mean_over_workers(sent, options)
@@ -191,6 +202,55 @@ def agn_by_hand(x, y, period, options, outer, skipped=()):
         momentum_step(center, outer_velocity, in_flight, outer)
         local = mix(local, center, mixing)
     return local, center
+
+
+class Fragmented:
+    """Fragments by hand: the flattened weights cut at equal shares,
+    fragment f committing at steps (f + 1) * period / F of each period,
+    moved by its own outer SGD."""
+
+    def __init__(self, initial, options, outer):
+        self.count, self.outer = options.get("fragments", 1), outer
+        self.rule = options.get("commit", "gradients")
+        self.normalize = options.get("normalize", True)
+        count = self.count
+        total = sum(w.size for w in initial)
+        self.bounds = [round(total * f / count) for f in range(count + 1)]
+        self.velocity = [np.zeros(total, "float32") for _ in range(count)]
+
+    def flat(self, weights):
+        return np.concatenate([w.ravel() for w in weights])
+
+    def unflat(self, flat, weights):
+        offset = 0
+        for w in weights:
+            w[...] = flat[offset : offset + w.size].reshape(w.shape)
+            offset += w.size
+
+    def commit(self, step, period, accumulated, local, center):
+        for f in range(self.count):
+            if step % period != (f + 1) * period // self.count % period:
+                continue
+            part = slice(self.bounds[f], self.bounds[f + 1])
+            centers = self.flat(center)
+            workers = [self.flat(w) for w in local]
+            sums = [self.flat(a) for a in accumulated]
+            if self.rule == "weight_change":
+                sent = [centers[part] - w[part] for w in workers]
+            else:  # Gradients Keras divided by the workers: summed.
+                sent = [a[part] * WORKERS for a in sums]
+            if self.normalize:
+                sent = [c / period for c in sent]
+            mean = sum(sent) / WORKERS
+            moved = [centers[part].copy()]
+            momentum_step(moved, [self.velocity[f][part]], [mean], self.outer)
+            centers[part] = moved[0]
+            self.unflat(centers, center)
+            for w, a, flat, sums_w in zip(local, accumulated, workers, sums):
+                flat[part] = centers[part]
+                sums_w[part] = 0.0
+                self.unflat(flat, w)
+                self.unflat(sums_w, a)
 
 
 def mix(local, center, mixing):

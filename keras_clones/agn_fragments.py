@@ -1,0 +1,235 @@
+"""Fragmented commits of an `AGNOptimizer` (`fragments=F`): the model's
+weights cut into F fragments of similar bytes, each committing at its own
+step of the period, so that each all-reduce carries about 1/F of the model
+(Streaming DiLoCo's fragments, arXiv 2501.18512).
+
+The weights of the variables, in order and flattened, are cut at F equal
+shares of the bytes, inside a variable where a cut falls there (in the
+slow-link bench's MLP one kernel holds 75% of the weights). Fragment f
+commits at local step `(f + 1) * period / F` of each period: its commit is
+the rule's (`CommitRule.period_commit`) on its part of the accumulators,
+centers and local weights; the workers' commits are all-reduced; the outer
+optimizer moves its part of the centers; its part of the local weights
+takes them, and its part of the accumulators restarts.
+
+The outer optimizer meets fragments as F optimizers of its class and
+config, each on one fragment (its state over that fragment's elements, its
+own step count: the fragment's commits so far), run on tensors
+(`tensor_optimizer.TensorOptimizer`); a learning-rate schedule is
+evaluated at the fragment's step count, the periods it committed. So the
+outer optimizer must update each element on its own (SGD, Adam, RMSprop,
+Lion...: not Lamb, Muon or Adafactor, and without weight decay or norm
+clipping, which look at whole variables).
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_clones import gradients
+from keras_clones.step_hooks import Step
+from keras_clones.tensor_optimizer import TensorOptimizer
+
+# Outer optimizers that look at whole variables (norms, factored slots).
+_NOT_ELEMENTWISE = ("Lamb", "Muon", "Adafactor")
+
+
+class Fragments:
+    """The weights of `variables` cut into `count` fragments of similar
+    size, in order: fragment f is `pieces[f]`, a list of (variable index,
+    first flat element, end)."""
+
+    def __init__(self, variables, count):
+        sizes = [int(np.prod(v.shape)) for v in variables]
+        total = sum(sizes)
+        bounds = [round(total * f / count) for f in range(count + 1)]
+        self.pieces = []
+        for low, high in zip(bounds, bounds[1:]):
+            pieces, offset = [], 0
+            for index, size in enumerate(sizes):
+                start, end = max(low, offset), min(high, offset + size)
+                if start < end:
+                    pieces.append((index, start - offset, end - offset))
+                offset += size
+            self.pieces.append(pieces)
+        self.sizes = [high - low for low, high in zip(bounds, bounds[1:])]
+
+    def gather(self, fragment, values):
+        """Fragment `fragment` of `values` (a tensor per variable), flat."""
+        return tf.concat(
+            [
+                tf.reshape(values[index], [-1])[start:end]
+                for index, start, end in self.pieces[fragment]
+            ],
+            0,
+        )
+
+    def assign(self, distribution, fragment, variables, flat):
+        """Assigns `flat` (per replica, or the same) to fragment `fragment`
+        of `variables`, each replica's own rest kept (cross-replica)."""
+        offset = 0
+        for index, start, end in self.pieces[fragment]:
+            begin = offset
+
+            def piece(var, flat, begin=begin, start=start, end=end):
+                old = tf.reshape(var, [-1])
+                new = flat[begin : begin + end - start]
+                value = tf.concat([old[:start], new, old[end:]], 0)
+                return var.assign(tf.reshape(value, var.shape))
+
+            distribution.extended.update(
+                gradients.tf_variable(variables[index]),
+                piece,
+                args=(flat,),
+                group=False,
+            )
+            offset += end - start
+
+
+def check_outer_optimizer(outer_optimizer, fragments):
+    """Refuses an outer optimizer that cannot run on fragments."""
+    if fragments == 1:
+        return
+    name = type(outer_optimizer).__name__
+    problem = None
+    if name in _NOT_ELEMENTWISE:
+        problem = f"{name} looks at whole variables"
+    for option in ("weight_decay", "clipnorm", "global_clipnorm"):
+        if getattr(outer_optimizer, option, None):
+            problem = f"its `{option}` looks at whole variables"
+    if problem:
+        raise ValueError(
+            f"With `fragments={fragments}` the outer optimizer runs on each "
+            "fragment's part of the centers, element by element, but "
+            f"{problem}. Pass an `outer_optimizer` without it (e.g. "
+            "`keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)`), or "
+            "`fragments=1`."
+        )
+
+
+class FragmentedCommits:
+    """Part of `AGNOptimizer`'s class: its commits with `fragments` > 1.
+    It reads the optimizer's `commit_rule`, centers, accumulators,
+    `_local_step` and `_communication_rounds`; `_build_fragments` adds its
+    own state (per fragment, the outer optimizer's)."""
+
+    def _build_fragments(self, variables):
+        dtypes = {v.dtype for v in variables}
+        if len(dtypes) > 1 or len(variables) == 0:
+            raise ValueError(
+                f"`fragments={self.fragments}` cuts the trainable variables "
+                "into fragments of one dtype, but they have the dtypes "
+                f"{sorted(map(str, dtypes))}. Use `fragments=1`."
+            )
+        self._fragments = Fragments(variables, self.fragments)
+        if min(self._fragments.sizes) == 0:
+            raise ValueError(
+                f"`fragments={self.fragments}` is more than the model's "
+                f"{sum(self._fragments.sizes)} weights. Use fewer fragments."
+            )
+        self._fragmented = variables
+        self._fragment_outer, self._fragment_states = [], []
+        for f, size in enumerate(self._fragments.sizes):
+            flat = keras.Variable(
+                np.zeros(size, variables[0].dtype), name=f"fragment_{f}"
+            )
+            outer = TensorOptimizer(
+                self.outer_optimizer,
+                [flat],
+                f"With `fragments={self.fragments}` an AGNOptimizer runs its "
+                "outer optimizer on each fragment",
+            )
+            self._fragment_outer.append(outer)
+            self._fragment_states.append(
+                [
+                    self._add_fragment_state(f, template)
+                    for template in outer.state_templates
+                ]
+            )
+
+    def _add_fragment_state(self, fragment, template):
+        state = self.add_variable(
+            shape=template.shape,
+            dtype=template.dtype,
+            name=f"fragment_{fragment}_outer_{template.name.split('/')[-1]}",
+        )
+        state.assign(template.numpy())
+        return state
+
+    def _count_fragmented_step(self, distribution, step_hooks):
+        position = self._local_step % self.communication_period
+        share = self.communication_period // self.fragments
+        for f in range(self.fragments):
+            at = (f + 1) * share % self.communication_period
+            tf.cond(
+                tf.equal(position, at),
+                lambda f=f: self._synchronise_fragment(
+                    distribution, f, step_hooks
+                ),
+                lambda: None,
+            )
+
+    def _synchronise_fragment(self, distribution, fragment, step_hooks):
+        self._communication_rounds.assign_add(1)
+        distribution.extended.call_for_each_replica(
+            self._commit_fragment_on_replica, args=(fragment, step_hooks)
+        )
+        # The fragment of the local weights takes the (same) centers.
+        centers = [self.global_center_variable(v) for v in self._fragmented]
+        flat = self._fragments.gather(fragment, [c.value for c in centers])
+        self._fragments.assign(distribution, fragment, self._fragmented, flat)
+
+    def _commit_fragment_on_replica(self, fragment, step_hooks):
+        """The workers' mean commit of `fragment`, moving its part of the
+        centers (guarded); its part of the accumulators restarts."""
+        pieces = self._fragments
+        variables = self._fragmented
+        centers = [self.global_center_variable(v) for v in variables]
+        start = pieces.gather(fragment, [c.value for c in centers])
+        end = pieces.gather(fragment, [v.value for v in variables])
+        gradient_sum = None
+        if self._accumulates:
+            accumulators = [self.grad_variable(v) for v in variables]
+            gradient_sum = pieces.gather(
+                fragment, [a.value for a in accumulators]
+            )
+        commit = self.commit_rule.period_commit(gradient_sum, start, end)
+        reduced = self._all_reduce([commit])[0]
+
+        def move_centers():
+            state = [s.value for s in self._fragment_states[fragment]]
+            outer = self._fragment_outer[fragment]
+            (moved,), state = outer.step(
+                [start], [reduced], state, outer.iteration(state)
+            )
+            tf.distribute.get_replica_context().merge_call(
+                self._assign_centers, args=(fragment, moved, state)
+            )
+
+        if step_hooks is None:
+            move_centers()
+        else:
+            step_hooks.count_deferred_skips()
+            first = centers[pieces.pieces[fragment][0][0]]
+            step_hooks.guarded(
+                Step([reduced], [first], skip_agreement="none"), move_centers
+            )
+        if self._accumulates:
+            for index, start_at, end_at in pieces.pieces[fragment]:
+                accumulator = accumulators[index]
+                old = tf.reshape(accumulator.value, [-1])
+                zeros = tf.zeros([end_at - start_at], old.dtype)
+                value = tf.concat([old[:start_at], zeros, old[end_at:]], 0)
+                accumulator.assign(tf.reshape(value, accumulator.shape))
+
+    def _assign_centers(self, distribution, fragment, moved, state):
+        centers = [self.global_center_variable(v) for v in self._fragmented]
+        self._fragments.assign(distribution, fragment, centers, moved)
+        for index, _, _ in self._fragments.pieces[fragment]:
+            center = centers[index]
+            if center.constraint is not None:
+                gradients.assign_in_cross_replica(
+                    distribution, center, center.constraint(center.value)
+                )
+        for variable, value in zip(self._fragment_states[fragment], state):
+            gradients.assign_in_cross_replica(distribution, variable, value)

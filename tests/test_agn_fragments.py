@@ -1,0 +1,160 @@
+"""AGNOptimizer(fragments=F) against the rule by hand, in one process:
+each fragment of the weights commits at its own step of the period, and
+the outer optimizer moves it alone, with its own state. (Across workers:
+tests/test_multi_worker.py.)"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_agn_rules import RULES
+from test_agn_rules import bfloat16
+
+from keras_clones import AGNOptimizer
+from keras_clones.agn_fragments import Fragments
+
+PERIOD, STEPS, SIZE = 4, 12, 10
+
+
+def fragments_by_hand(options, grads, start, inner, outers, fragments):
+    """Local weights and centers after each step: fragment f (elements
+    cut at equal shares) commits at steps (f + 1) * PERIOD / F of each
+    period, moved by its own outer optimizer `outers[f]`."""
+    bounds = [round(SIZE * f / fragments) for f in range(fragments + 1)]
+    local, center = start.copy(), start.copy()
+    accumulated, history = np.zeros_like(start), []
+    for k, grad in enumerate(grads):
+        local = inner.step(local, grad)
+        accumulated = accumulated + grad
+        for f in range(fragments):
+            if (k + 1) % PERIOD != (f + 1) * PERIOD // fragments % PERIOD:
+                continue
+            part = slice(bounds[f], bounds[f + 1])
+            if options.get("commit", "gradients") == "gradients":
+                commit = accumulated[part]
+            else:
+                commit = center[part] - local[part]
+            if options.get("normalize", True):
+                commit = commit / PERIOD
+            if options.get("communication_dtype") == "bfloat16":
+                commit = bfloat16(commit).astype("float32")
+            center[part] = outers[f].step(center[part], commit)
+            local[part], accumulated[part] = center[part], 0.0
+        history.append((local.copy(), center.copy()))
+    return history
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("fragments", [2, 4])
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_each_fragment_commits_at_its_step_as_by_hand(name, fragments, dtype):
+    options, inner, hand_inner, outer, hand_outer = RULES[name]
+    options = dict(options, communication_dtype=dtype)
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=SIZE).astype("float32")
+    grads = rng.normal(size=(STEPS, SIZE)).astype("float32")
+    variable = keras.Variable(start)
+    optimizer = AGNOptimizer(
+        inner(),
+        PERIOD,
+        outer_optimizer=outer and outer(),
+        fragments=fragments,
+        **options,
+    )
+    step = tf.function(lambda g: optimizer.apply([g], [variable]))
+    history = fragments_by_hand(
+        options,
+        grads,
+        start,
+        hand_inner(),
+        [hand_outer() for _ in range(fragments)],
+        fragments,
+    )
+    # Adam's float32 steps drift from the hand's by 1e-6; a bfloat16
+    # rounding by hand may land a bfloat16 ulp away.
+    atol = 1e-6 if name in ("contrib", "downpour") else 1e-5
+    tolerance = {"rtol": 1e-6, "atol": atol if dtype is None else 1e-2}
+    for grad, (local, center) in zip(grads, history):
+        step(tf.constant(grad))
+        np.testing.assert_allclose(variable.numpy(), local, **tolerance)
+        center_got = optimizer.global_center_variable(variable).numpy()
+        np.testing.assert_allclose(center_got, center, **tolerance)
+    # One all-reduce per fragment per period.
+    rounds = int(optimizer.communication_rounds.numpy())
+    assert rounds == fragments * STEPS // PERIOD
+
+
+def test_fragments_cut_inside_variables_at_equal_shares():
+    variables = [np.zeros((784, 256)), np.zeros(256), np.zeros((256, 10))]
+    cut = Fragments(variables, 4)
+    assert cut.sizes == [50880] * 4  # 203,520 weights.
+    assert cut.pieces == [
+        [(0, 0, 50880)],
+        [(0, 50880, 101760)],
+        [(0, 101760, 152640)],
+        [(0, 152640, 200704), (1, 0, 256), (2, 0, 2560)],
+    ]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"fragments": 3}, "divides `communication_period`"),
+        ({"fragments": 0}, "divides `communication_period`"),
+        ({"fragments": 2.0}, "divides `communication_period`"),
+        ({"fragments": 2, "overlap": True}, "not built yet"),
+        (
+            {"fragments": 2, "outer_optimizer": keras.optimizers.Lamb(0.1)},
+            "Lamb looks at whole variables",
+        ),
+        (
+            {
+                "fragments": 2,
+                "outer_optimizer": keras.optimizers.SGD(0.1, clipnorm=1.0),
+            },
+            "`clipnorm` looks at whole variables",
+        ),
+    ],
+)
+def test_invalid_fragments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AGNOptimizer(keras.optimizers.SGD(0.1), 4, **kwargs)
+
+
+def test_more_fragments_than_weights_is_refused_at_build():
+    optimizer = AGNOptimizer(keras.optimizers.SGD(0.1), 4, fragments=4)
+    with pytest.raises(ValueError, match="more than the model's 3 weights"):
+        optimizer.build([keras.Variable(np.zeros(3, "float32"))])
+
+
+def test_fragments_round_trip_through_config():
+    optimizer = AGNOptimizer(keras.optimizers.SGD(0.1), 4, fragments=2)
+    config = optimizer.get_config()
+    assert config["fragments"] == 2
+    assert AGNOptimizer.from_config(config).get_config() == config
+
+
+def test_fragment_state_is_saved_and_restored_with_the_model(tmp_path):
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(
+        AGNOptimizer(
+            keras.optimizers.Adam(0.05),
+            4,
+            outer_optimizer=keras.optimizers.Adam(0.1),
+            fragments=2,
+        ),
+        "mse",
+    )
+    model.fit(x[:12], y[:12], batch_size=2, shuffle=False, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    for m in (model, loaded):
+        m.fit(x, y, batch_size=2, shuffle=False, verbose=0)
+    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_array_equal(a, b)
