@@ -180,7 +180,7 @@ class AGNOptimizer(
         mixing_used = arguments.check_overlap(
             overlap, mixing, communication_period
         )
-        arguments.check_fragments(fragments, communication_period, overlap)
+        arguments.check_fragments(fragments, communication_period)
         outer_optimizer, outer_follows_inner = arguments.outer_optimizer_for(
             optimizer, outer_optimizer, AGNOptimizer
         )
@@ -259,12 +259,15 @@ class AGNOptimizer(
                 if self.commit == "gradients"
                 else None
             )
+        with_centers = [
+            v for v, c in zip(var_list, self._centers) if c is not None
+        ]
+        if self.overlap or self.fragments > 1:
+            self._cut_into_fragments(with_centers)
+        if self.fragments > 1:
+            self._build_fragments(with_centers)
         if self.overlap:
             self._build_overlap(var_list, self._add_replica_sum)
-        if self.fragments > 1:
-            self._build_fragments(
-                [v for v, c in zip(var_list, self._centers) if c is not None]
-            )
 
     def _add_center(self, variable, index):
         device = self._global_devices[index % len(self._global_devices)]
@@ -464,7 +467,9 @@ class AGNOptimizer(
         """Copies the global centers into their variables.
 
         Use it to evaluate or export the global model. With `overlap=True`
-        the commit in flight is applied first (`apply_in_flight_commit`).
+        the commit in flight is applied first (`apply_in_flight_commit`),
+        which all-reduces it if it was only sent: across workers, call it
+        on every worker, outside `fit` or at the same step.
         Training from there
         starts a new communication period from the centers only if the
         accumulators are empty, i.e. right after a synchronisation.
@@ -482,7 +487,12 @@ class AGNOptimizer(
                 if not gradients.overwrites(v)
             ]
         for variable in var_list:
-            variable.assign(self.global_center_variable(variable))
+            center = self.global_center_variable(variable)
+            if self.overlap and self.commit == "weight_change":
+                # The period's commit stays what its local steps did.
+                start = self.period_start(variable)
+                start.assign(start + center - variable)
+            variable.assign(center)
 
     @property
     def commit_rule(self):

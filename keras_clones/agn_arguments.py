@@ -251,7 +251,7 @@ def check_overlap(overlap, mixing, communication_period):
     return float(mixing)
 
 
-def check_fragments(fragments, communication_period, overlap):
+def check_fragments(fragments, communication_period):
     if (
         isinstance(fragments, bool)
         or not isinstance(fragments, int)
@@ -264,10 +264,4 @@ def check_fragments(fragments, communication_period, overlap):
             "(f + 1) * period / fragments of each period. Received: "
             f"fragments={fragments!r} with "
             f"communication_period={communication_period}."
-        )
-    if fragments > 1 and overlap:
-        raise ValueError(
-            "`fragments` > 1 with `overlap=True` is not built yet: each "
-            "fragment's commit would have to travel behind the steps up to "
-            "its next commit. Use one of them."
         )

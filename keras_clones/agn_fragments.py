@@ -64,18 +64,40 @@ class Fragments:
             0,
         )
 
+    def replaced(self, fragment, variable, index, flat):
+        """`variable`'s value (a tensor), with its part of fragment
+        `fragment` taken from `flat` (the fragment's values), or None where
+        the fragment has no part of variable `index`."""
+        offset = 0
+        for piece_index, start, end in self.pieces[fragment]:
+            if piece_index == index:
+                old = tf.reshape(variable, [-1])
+                new = flat[offset : offset + end - start]
+                value = tf.concat([old[:start], new, old[end:]], 0)
+                return tf.reshape(value, tf.shape(variable))
+            offset += end - start
+        return None
+
+    def touched(self, fragment):
+        """The indices of the variables fragment `fragment` has a part of."""
+        return [index for index, _, _ in self.pieces[fragment]]
+
+    def assign_here(self, fragment, variables, flat):
+        """Assigns `flat` to fragment `fragment` of `variables` on this
+        replica (variables a replica holds alone: sums on read)."""
+        for index in self.touched(fragment):
+            variable = variables[index]
+            variable.assign(
+                self.replaced(fragment, variable.value, index, flat)
+            )
+
     def assign(self, distribution, fragment, variables, flat):
         """Assigns `flat` (per replica, or the same) to fragment `fragment`
         of `variables`, each replica's own rest kept (cross-replica)."""
-        offset = 0
-        for index, start, end in self.pieces[fragment]:
-            begin = offset
+        for index in self.touched(fragment):
 
-            def piece(var, flat, begin=begin, start=start, end=end):
-                old = tf.reshape(var, [-1])
-                new = flat[begin : begin + end - start]
-                value = tf.concat([old[:start], new, old[end:]], 0)
-                return var.assign(tf.reshape(value, var.shape))
+            def piece(var, flat, index=index):
+                return var.assign(self.replaced(fragment, var, index, flat))
 
             distribution.extended.update(
                 gradients.tf_variable(variables[index]),
@@ -83,7 +105,6 @@ class Fragments:
                 args=(flat,),
                 group=False,
             )
-            offset += end - start
 
 
 def check_outer_optimizer(outer_optimizer, fragments):
@@ -113,13 +134,16 @@ class FragmentedCommits:
     `_local_step` and `_communication_rounds`; `_build_fragments` adds its
     own state (per fragment, the outer optimizer's)."""
 
-    def _build_fragments(self, variables):
-        dtypes = {v.dtype for v in variables}
+    def _cut_into_fragments(self, variables):
+        """The fragments' geometry (also one fragment, the whole model, for
+        `overlap=True`), over the variables that have centers."""
+        dtypes = {tf.as_dtype(v.dtype) for v in variables}
         if len(dtypes) > 1 or len(variables) == 0:
             raise ValueError(
-                f"`fragments={self.fragments}` cuts the trainable variables "
-                "into fragments of one dtype, but they have the dtypes "
-                f"{sorted(map(str, dtypes))}. Use `fragments=1`."
+                "`fragments` and `overlap=True` need the trainable variables "
+                "to have one dtype, but they have the dtypes "
+                f"{sorted(d.name for d in dtypes)}. Use `fragments=1` and "
+                "`overlap=False`."
             )
         self._fragments = Fragments(variables, self.fragments)
         if min(self._fragments.sizes) == 0:
@@ -128,11 +152,13 @@ class FragmentedCommits:
                 f"{sum(self._fragments.sizes)} weights. Use fewer fragments."
             )
         self._fragmented = variables
+
+    def _build_fragments(self, variables):
+        """Each fragment's own state of the outer optimizer."""
         self._fragment_outer, self._fragment_states = [], []
         for f, size in enumerate(self._fragments.sizes):
-            flat = keras.Variable(
-                np.zeros(size, variables[0].dtype), name=f"fragment_{f}"
-            )
+            dtype = tf.as_dtype(variables[0].dtype).as_numpy_dtype
+            flat = keras.Variable(np.zeros(size, dtype), name=f"fragment_{f}")
             outer = TensorOptimizer(
                 self.outer_optimizer,
                 [flat],
@@ -182,50 +208,88 @@ class FragmentedCommits:
     def _commit_fragment_on_replica(self, fragment, step_hooks):
         """The workers' mean commit of `fragment`, moving its part of the
         centers (guarded); its part of the accumulators restarts."""
-        pieces = self._fragments
-        variables = self._fragmented
-        centers = [self.global_center_variable(v) for v in variables]
-        start = pieces.gather(fragment, [c.value for c in centers])
-        end = pieces.gather(fragment, [v.value for v in variables])
+        centers = [self.global_center_variable(v) for v in self._fragmented]
+        commit = self._fragment_commit(fragment, centers)
+        reduced = self._all_reduce([commit])[0]
+        if step_hooks is not None:
+            step_hooks.count_deferred_skips()
+        self._move_fragment_centers(fragment, reduced, step_hooks)
+        self._restart_accumulators(fragment)
+
+    def _fragment_commit(self, fragment, starts):
+        """This replica's commit of `fragment`, flat, by the rule: from its
+        part of the accumulators, or of `starts` (a variable per variable
+        of the fragments; None for the gradients rule) and the local
+        weights."""
+        values = self._fragments.gather
+        end = values(
+            fragment, [gradients.tf_variable(v) for v in self._fragmented]
+        )
+        start = None
+        if starts is not None:
+            start = values(fragment, [s.value for s in starts])
         gradient_sum = None
         if self._accumulates:
-            accumulators = [self.grad_variable(v) for v in variables]
-            gradient_sum = pieces.gather(
-                fragment, [a.value for a in accumulators]
+            gradient_sum = values(
+                fragment,
+                [self.grad_variable(v).value for v in self._fragmented],
             )
-        commit = self.commit_rule.period_commit(gradient_sum, start, end)
-        reduced = self._all_reduce([commit])[0]
+        return self.commit_rule.period_commit(gradient_sum, start, end)
 
-        def move_centers():
-            state = [s.value for s in self._fragment_states[fragment]]
-            outer = self._fragment_outer[fragment]
-            (moved,), state = outer.step(
-                [start], [reduced], state, outer.iteration(state)
-            )
-            tf.distribute.get_replica_context().merge_call(
-                self._assign_centers, args=(fragment, moved, state)
-            )
+    def _restart_accumulators(self, fragment):
+        if not self._accumulates:
+            return
+        accumulators = [self.grad_variable(v) for v in self._fragmented]
+        zeros = tf.zeros(
+            [self._fragments.sizes[fragment]], accumulators[0].dtype
+        )
+        self._fragments.assign_here(fragment, accumulators, zeros)
 
+    def _move_fragment_centers(self, fragment, reduced, step_hooks):
+        """In a replica: the reduced commit of `fragment` (flat) moves its
+        part of the centers, through the guard of `step_hooks`: the outer
+        optimizer itself for the whole model, else the fragment's own."""
+        centers = [self.global_center_variable(v) for v in self._fragmented]
+        if self.fragments == 1:
+            shapes = [tf.shape(c.value) for c in centers]
+            sizes = [int(np.prod(c.shape)) for c in centers]
+            commits = [
+                tf.reshape(part, shape)
+                for part, shape in zip(tf.split(reduced, sizes), shapes)
+            ]
+
+            def move_centers():
+                self.commit_rule.move_centers(
+                    self.outer_optimizer, commits, centers
+                )
+
+            step = Step(commits, centers, skip_agreement="none")
+        else:
+
+            def move_centers():
+                state = [s.value for s in self._fragment_states[fragment]]
+                outer = self._fragment_outer[fragment]
+                start = self._fragments.gather(
+                    fragment, [c.value for c in centers]
+                )
+                (moved,), state = outer.step(
+                    [start], [reduced], state, outer.iteration(state)
+                )
+                tf.distribute.get_replica_context().merge_call(
+                    self._assign_centers, args=(fragment, moved, state)
+                )
+
+            first = centers[self._fragments.touched(fragment)[0]]
+            step = Step([reduced], [first], skip_agreement="none")
         if step_hooks is None:
             move_centers()
         else:
-            step_hooks.count_deferred_skips()
-            first = centers[pieces.pieces[fragment][0][0]]
-            step_hooks.guarded(
-                Step([reduced], [first], skip_agreement="none"), move_centers
-            )
-        if self._accumulates:
-            for index, start_at, end_at in pieces.pieces[fragment]:
-                accumulator = accumulators[index]
-                old = tf.reshape(accumulator.value, [-1])
-                zeros = tf.zeros([end_at - start_at], old.dtype)
-                value = tf.concat([old[:start_at], zeros, old[end_at:]], 0)
-                accumulator.assign(tf.reshape(value, accumulator.shape))
+            step_hooks.guarded(step, move_centers)
 
     def _assign_centers(self, distribution, fragment, moved, state):
         centers = [self.global_center_variable(v) for v in self._fragmented]
         self._fragments.assign(distribution, fragment, centers, moved)
-        for index, _, _ in self._fragments.pieces[fragment]:
+        for index in self._fragments.touched(fragment):
             center = centers[index]
             if center.constraint is not None:
                 gradients.assign_in_cross_replica(

@@ -244,7 +244,7 @@ class AGNSteps:
     def _count_step(self, distribution, pairs, step_hooks, applied):
         self._local_step.assign_add(1)
         if self.overlap:
-            self._count_overlapped_step(distribution, pairs, step_hooks)
+            self._count_overlapped_step(distribution, step_hooks)
             return
         if self.fragments > 1:
             self._count_fragmented_step(distribution, step_hooks)
@@ -259,20 +259,6 @@ class AGNSteps:
         tf.cond(
             commits,
             lambda: self._synchronise(distribution, pairs, step_hooks),
-            lambda: None,
-        )
-
-    def _count_overlapped_step(self, distribution, pairs, step_hooks):
-        variables = [v for _, v in pairs]
-        self._remember_period_end(variables, step_hooks)
-        if self._execution_ends_periods:
-            return  # `commits_around_execution` ends the period.
-        ends = tf.equal(self._local_step % self.communication_period, 0)
-        tf.cond(
-            ends,
-            lambda: self._end_period_in_step(
-                distribution, variables, step_hooks
-            ),
             lambda: None,
         )
 
@@ -317,12 +303,8 @@ class AGNSteps:
         gradient_sum = None
         if self.commit == "gradients":
             gradient_sum = self.grad_variable(variable).value
-            start = None
-        elif self.overlap:  # Centers move a period late.
-            start = self.period_start(variable)
-        else:
-            start = self.global_center_variable(variable)
-        return self.commit_rule.period_commit(gradient_sum, start, variable)
+        center = self.global_center_variable(variable)
+        return self.commit_rule.period_commit(gradient_sum, center, variable)
 
     def _all_reduce(self, values):
         """Every replica's commits, reduced by the rule (a sum of gradients

@@ -87,22 +87,32 @@ def commits_around_execution(optimizer, steps_per_execution):
     them and ends the period after them; for others, nothing.
 
     Raises:
-        ValueError: if an overlapping optimizer's period is not
-            `steps_per_execution`, so that an execution would not end at
-            its period's end.
+        ValueError: if `steps_per_execution` is not an overlapping
+            optimizer's period over its fragments, so that an execution
+            would not end where the next fragment's period ends; or if a
+            `LossScaleOptimizer` wraps it (its skipped steps do not count).
     """
-    optimizer = unwrapped(optimizer)
-    if not getattr(optimizer, "overlap", False):
+    if not getattr(unwrapped(optimizer), "overlap", False):
         return contextlib.nullcontext()
-    period = optimizer.communication_period
-    if steps_per_execution != period:
+    if loss_scaled(optimizer):
+        raise ValueError(
+            "`AGNOptimizer(overlap=True)` across workers cannot be wrapped "
+            "in a LossScaleOptimizer: the steps it skips on overflow do not "
+            "count toward the period, so executions would stop ending at "
+            "period ends. Train without loss scaling (bfloat16 needs none) "
+            "or with `overlap=False`."
+        )
+    optimizer = unwrapped(optimizer)
+    period, fragments = optimizer.communication_period, optimizer.fragments
+    if steps_per_execution != period // fragments:
         raise ValueError(
             "With `AGNOptimizer(overlap=True)` across workers, each "
             "execution of the train function must span one communication "
-            "period, so that the all-reduce runs beside a period's steps. "
-            f"Received: steps_per_execution={steps_per_execution} with "
-            f"communication_period={period}. Compile with "
-            f"`steps_per_execution={period}`."
+            "period (over `fragments`), so that the all-reduce runs beside "
+            "its steps. Received: "
+            f"steps_per_execution={steps_per_execution} with "
+            f"communication_period={period} and fragments={fragments}. "
+            f"Compile with `steps_per_execution={period // fragments}`."
         )
     return optimizer.commits_around_execution()
 

@@ -7,22 +7,40 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_agn_rules import INNER_LR
 from test_agn_rules import RULES
+from test_agn_rules import HandAdamW
+from test_agn_rules import HandSGD
 from test_agn_rules import bfloat16
 
 from keras_clones import AGNOptimizer
 from keras_clones.agn_fragments import Fragments
 
 PERIOD, STEPS, SIZE = 4, 12, 10
+# An outer Adam: each fragment's bias correction counts its own commits.
+OWN = {
+    "adam_outer": (
+        {},
+        lambda: keras.optimizers.SGD(INNER_LR),
+        lambda: HandSGD(INNER_LR),
+        lambda: keras.optimizers.Adam(0.1),
+        lambda: HandAdamW(0.1),
+    )
+}
 
 
-def fragments_by_hand(options, grads, start, inner, outers, fragments):
-    """Local weights and centers after each step: fragment f (elements
-    cut at equal shares) commits at steps (f + 1) * PERIOD / F of each
-    period, moved by its own outer optimizer `outers[f]`."""
+def fragments_by_hand(
+    options, grads, start, inner, outers, fragments, overlap=False, mixing=0
+):
+    """Local weights and centers after each step, then after the commits in
+    flight are applied: fragment f (elements cut at equal shares) commits
+    at steps (f + 1) * PERIOD / F of each period, moved by its own outer
+    optimizer `outers[f]`; with `overlap`, a period late, its local part
+    then mixing with its centers."""
     bounds = [round(SIZE * f / fragments) for f in range(fragments + 1)]
-    local, center = start.copy(), start.copy()
+    local, center, begun = start.copy(), start.copy(), start.copy()
     accumulated, history = np.zeros_like(start), []
+    in_flight = [None] * fragments
     for k, grad in enumerate(grads):
         local = inner.step(local, grad)
         accumulated = accumulated + grad
@@ -33,22 +51,33 @@ def fragments_by_hand(options, grads, start, inner, outers, fragments):
             if options.get("commit", "gradients") == "gradients":
                 commit = accumulated[part]
             else:
-                commit = center[part] - local[part]
+                commit = (begun if overlap else center)[part] - local[part]
             if options.get("normalize", True):
                 commit = commit / PERIOD
             if options.get("communication_dtype") == "bfloat16":
                 commit = bfloat16(commit).astype("float32")
-            center[part] = outers[f].step(center[part], commit)
-            local[part], accumulated[part] = center[part], 0.0
+            accumulated[part] = 0.0
+            if not overlap:
+                center[part] = outers[f].step(center[part], commit)
+                local[part] = center[part]
+                continue
+            if in_flight[f] is not None:
+                center[part] = outers[f].step(center[part], in_flight[f])
+                local[part] = mixing * local[part] + (1 - mixing) * center[part]
+            begun[part], in_flight[f] = local[part], commit
         history.append((local.copy(), center.copy()))
-    return history
+    for f, commit in enumerate(in_flight):
+        if commit is not None:
+            part = slice(bounds[f], bounds[f + 1])
+            center[part] = outers[f].step(center[part], commit)
+            local[part] = mixing * local[part] + (1 - mixing) * center[part]
+    return history, (local, center)
 
 
-@pytest.mark.parametrize("name", sorted(RULES))
-@pytest.mark.parametrize("fragments", [2, 4])
-@pytest.mark.parametrize("dtype", [None, "bfloat16"])
-def test_each_fragment_commits_at_its_step_as_by_hand(name, fragments, dtype):
-    options, inner, hand_inner, outer, hand_outer = RULES[name]
+def run_fragments(name, fragments, dtype=None, overlap=False, mixing=None):
+    """The optimizer's local weights and centers after each step, then
+    after the commits in flight are applied, against the hand's."""
+    options, inner, hand_inner, outer, hand_outer = {**RULES, **OWN}[name]
     options = dict(options, communication_dtype=dtype)
     rng = np.random.default_rng(0)
     start = rng.normal(size=SIZE).astype("float32")
@@ -59,27 +88,54 @@ def test_each_fragment_commits_at_its_step_as_by_hand(name, fragments, dtype):
         PERIOD,
         outer_optimizer=outer and outer(),
         fragments=fragments,
+        overlap=overlap,
+        mixing=mixing,
         **options,
     )
     step = tf.function(lambda g: optimizer.apply([g], [variable]))
-    history = fragments_by_hand(
+    history, flushed = fragments_by_hand(
         options,
         grads,
         start,
         hand_inner(),
         [hand_outer() for _ in range(fragments)],
         fragments,
+        overlap,
+        mixing,
     )
     # Adam's float32 steps drift from the hand's by 1e-6; a bfloat16
     # rounding by hand may land a bfloat16 ulp away.
     atol = 1e-6 if name in ("contrib", "downpour") else 1e-5
     tolerance = {"rtol": 1e-6, "atol": atol if dtype is None else 1e-2}
-    for grad, (local, center) in zip(grads, history):
-        step(tf.constant(grad))
+
+    def assert_as_by_hand(local, center):
         np.testing.assert_allclose(variable.numpy(), local, **tolerance)
         center_got = optimizer.global_center_variable(variable).numpy()
         np.testing.assert_allclose(center_got, center, **tolerance)
+
+    for grad, (local, center) in zip(grads, history):
+        step(tf.constant(grad))
+        assert_as_by_hand(local, center)
+    optimizer.apply_in_flight_commit()
+    assert_as_by_hand(*flushed)
+    return optimizer
+
+
+@pytest.mark.parametrize("name", [*sorted(RULES), "adam_outer"])
+@pytest.mark.parametrize("fragments", [2, 4])
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_each_fragment_commits_at_its_step_as_by_hand(name, fragments, dtype):
+    optimizer = run_fragments(name, fragments, dtype)
     # One all-reduce per fragment per period.
+    rounds = int(optimizer.communication_rounds.numpy())
+    assert rounds == fragments * STEPS // PERIOD
+
+
+@pytest.mark.parametrize("name", [*sorted(RULES), "adam_outer"])
+@pytest.mark.parametrize("fragments", [2, 4])
+def test_overlapped_fragments_apply_a_period_late_as_by_hand(name, fragments):
+    optimizer = run_fragments(name, fragments, overlap=True, mixing=0.5)
+    assert optimizer.in_flight_phase.numpy().tolist() == [0] * fragments
     rounds = int(optimizer.communication_rounds.numpy())
     assert rounds == fragments * STEPS // PERIOD
 
@@ -102,7 +158,6 @@ def test_fragments_cut_inside_variables_at_equal_shares():
         ({"fragments": 3}, "divides `communication_period`"),
         ({"fragments": 0}, "divides `communication_period`"),
         ({"fragments": 2.0}, "divides `communication_period`"),
-        ({"fragments": 2, "overlap": True}, "not built yet"),
         (
             {"fragments": 2, "outer_optimizer": keras.optimizers.Lamb(0.1)},
             "Lamb looks at whole variables",

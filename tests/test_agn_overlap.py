@@ -227,3 +227,29 @@ def test_parameter_server_training_refuses_overlap():
     variable = keras.Variable(np.zeros(2, "float32"))
     with pytest.raises(ValueError, match="parameter-server training"):
         optimizer.start_centers_from_variables([variable])
+
+
+def test_across_workers_a_loss_scale_optimizer_is_refused():
+    optimizer = keras.optimizers.LossScaleOptimizer(overlapped(period=4))
+    with pytest.raises(ValueError, match="LossScaleOptimizer"):
+        optimizer_capabilities.commits_around_execution(optimizer, 4)
+
+
+def test_post_init_copy_leaves_a_trained_overlapped_model_alone():
+    # After a fit, local weights and centers differ at the period's end by
+    # design (mixing): a second fit must not copy them into the centers.
+    x, y = data()
+    model = regression()
+    model.compile(overlapped(commit="weight_change"), "mse")
+    model.fit(x, y, batch_size=4, verbose=0)
+    optimizer = model.optimizer
+    centers = [
+        optimizer.global_center_variable(v) for v in model.trainable_variables
+    ]
+    before = [c.numpy() for c in centers]
+    copy = keras_clones.callbacks.PostInitCopy()
+    copy.set_model(model)
+    copy.on_train_begin()
+    assert copy.copied == []
+    for value, center in zip(before, centers):
+        np.testing.assert_array_equal(value, center.numpy())

@@ -79,7 +79,9 @@ class PostInitCopy(keras.callbacks.Callback):
         if not agn.built:
             agn.build(variables)
         step = int(agn.local_step.numpy())
-        if step % agn.communication_period != 0:
+        # With overlap or fragments they differ at every period's end too.
+        staggered = agn.overlap or agn.fragments > 1
+        if step % (step + 1 if staggered else agn.communication_period):
             return  # Mid-period: local weights and centers differ by design.
         for variable in variables:
             if getattr(variable, "overwrite_with_gradient", False):
@@ -88,9 +90,12 @@ class PostInitCopy(keras.callbacks.Callback):
             if np.array_equal(center.numpy(), variable.numpy()):
                 continue
             center.assign(variable)
-            agn.grad_variable(variable).assign(
-                np.zeros(variable.shape, variable.dtype)
-            )
+            if agn.commit == "gradients" and agn.communication_period > 1:
+                agn.grad_variable(variable).assign(
+                    np.zeros(variable.shape, variable.dtype)
+                )
+            if agn.overlap and agn.commit == "weight_change":
+                agn.period_start(variable).assign(variable)
             self.copied.append(f"{variable.path} -> {center.path}")
 
     def get_config(self):

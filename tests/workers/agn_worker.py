@@ -4,7 +4,7 @@ Each worker trains a CloneModel of 2 clones with AGN(SGD with momentum) at
 communication periods 1 and 3 (the default rule), and at period 3 with the
 Hermans and DiLoCo rules and with a bfloat16 all-reduce, and with overlapped
 commits at period 2 (one execution a period), and with 2 and 4 fragments at
-period 4; it saves to
+period 4, without and with overlap; it saves to
 `OUT/agn_worker_<i>.npz` its local weights, global centers, logs and the
 batches it was fed. With `--reference` it instead computes, in one process
 and by hand, what the workers should hold, from the batches they saved (the
@@ -49,6 +49,11 @@ RUNS = {
         (0.7, 0.9, True),
     ),
     "fragments": (4, {"fragments": 2}, None),
+    "overlap_fragments": (
+        4,
+        {"overlap": True, "fragments": 2, "commit": "weight_change"},
+        (0.7, 0.9, True),
+    ),
     "fragments_diloco": (
         4,
         {"fragments": 4, "commit": "weight_change", "normalize": False},
@@ -84,15 +89,28 @@ def worker(out, index):
             optimizer = keras_clones.AGNOptimizer(
                 sgd(), period, outer_optimizer=outer, **options
             )
-            # With overlap, an execution spans a period.
-            spe = period if options.get("overlap") else 1
+            # With overlap, an execution spans a fragment's share.
+            spe = 1
+            if options.get("overlap"):
+                spe = period // options.get("fragments", 1)
             model.compile(optimizer, "mse", steps_per_execution=spe)
-        history = model.fit(dataset(), epochs=EPOCHS, verbose=0).history
+        phases = []  # After each execution: which path ended the period.
+        record = keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs: (
+                phases.append(optimizer.in_flight_phase.numpy())
+                if options.get("overlap")
+                else None
+            )
+        )
+        history = model.fit(
+            dataset(), epochs=EPOCHS, verbose=0, callbacks=[record]
+        ).history
         arrays[f"{name}_rounds"] = np.array(history["communication_rounds"])
         arrays[f"{name}_local_step"] = optimizer.local_step.numpy()
         arrays[f"{name}_bytes_per_round"] = optimizer.bytes_per_round
         if options.get("overlap"):
             arrays[f"{name}_phase"] = optimizer.in_flight_phase.numpy()
+            arrays[f"{name}_phases"] = np.array(phases)
         for i, variable in enumerate(model.trainable_weights):
             center = optimizer.global_center_variable(variable)
             arrays[f"{name}_weight_{i}"] = variable.numpy()
@@ -198,6 +216,7 @@ def agn_by_hand(x, y, period, options, outer, skipped=()):
                     local = mix(local, center, mixing)
                 start = [[w.copy() for w in weights] for weights in local]
                 in_flight = mean
+    fragments.flush(local, center)
     if in_flight is not None:  # The end of `fit` applies it.
         momentum_step(center, outer_velocity, in_flight, outer)
         local = mix(local, center, mixing)
@@ -207,16 +226,21 @@ def agn_by_hand(x, y, period, options, outer, skipped=()):
 class Fragmented:
     """Fragments by hand: the flattened weights cut at equal shares,
     fragment f committing at steps (f + 1) * period / F of each period,
-    moved by its own outer SGD."""
+    moved by its own outer SGD; with overlap, a period late, each worker's
+    part then mixing with the centers."""
 
     def __init__(self, initial, options, outer):
         self.count, self.outer = options.get("fragments", 1), outer
         self.rule = options.get("commit", "gradients")
         self.normalize = options.get("normalize", True)
+        self.overlap = options.get("overlap", False)
+        self.mixing = options.get("mixing", 0.5)
         count = self.count
         total = sum(w.size for w in initial)
         self.bounds = [round(total * f / count) for f in range(count + 1)]
         self.velocity = [np.zeros(total, "float32") for _ in range(count)]
+        self.begun = [self.flat(initial) for _ in range(WORKERS)]
+        self.in_flight = [None] * count
 
     def flat(self, weights):
         return np.concatenate([w.ravel() for w in weights])
@@ -232,25 +256,47 @@ class Fragmented:
             if step % period != (f + 1) * period // self.count % period:
                 continue
             part = slice(self.bounds[f], self.bounds[f + 1])
-            centers = self.flat(center)
             workers = [self.flat(w) for w in local]
             sums = [self.flat(a) for a in accumulated]
+            starts = self.begun if self.overlap else [self.flat(center)] * 2
             if self.rule == "weight_change":
-                sent = [centers[part] - w[part] for w in workers]
+                sent = [s[part] - w[part] for s, w in zip(starts, workers)]
             else:  # Gradients Keras divided by the workers: summed.
                 sent = [a[part] * WORKERS for a in sums]
             if self.normalize:
                 sent = [c / period for c in sent]
             mean = sum(sent) / WORKERS
-            moved = [centers[part].copy()]
-            momentum_step(moved, [self.velocity[f][part]], [mean], self.outer)
-            centers[part] = moved[0]
-            self.unflat(centers, center)
-            for w, a, flat, sums_w in zip(local, accumulated, workers, sums):
-                flat[part] = centers[part]
+            for a, sums_w in zip(accumulated, sums):
                 sums_w[part] = 0.0
-                self.unflat(flat, w)
                 self.unflat(sums_w, a)
+            if not self.overlap:
+                self.apply(f, mean, local, center, mixing=0.0)
+                continue
+            if self.in_flight[f] is not None:
+                self.apply(f, self.in_flight[f], local, center, self.mixing)
+            for begun, w in zip(self.begun, local):
+                begun[part] = self.flat(w)[part]
+            self.in_flight[f] = mean
+
+    def apply(self, f, commit, local, center, mixing):
+        """Fragment f's commit moves its part of the centers; each
+        worker's part mixes with them."""
+        part = slice(self.bounds[f], self.bounds[f + 1])
+        centers = self.flat(center)
+        moved = [centers[part].copy()]
+        momentum_step(moved, [self.velocity[f][part]], [commit], self.outer)
+        centers[part] = moved[0]
+        self.unflat(centers, center)
+        for w in local:
+            flat = self.flat(w)
+            flat[part] = mixing * flat[part] + (1 - mixing) * centers[part]
+            self.unflat(flat, w)
+
+    def flush(self, local, center):
+        """The end of `fit` applies the commits in flight."""
+        for f, commit in enumerate(self.in_flight):
+            if commit is not None:
+                self.apply(f, commit, local, center, self.mixing)
 
 
 def mix(local, center, mixing):
