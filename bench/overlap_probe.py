@@ -5,12 +5,14 @@ function?
 2 workers (`keras_clones.launch`) in a network namespace (`bench/netns.py`),
 the slow-link bench's MLP (784-256-256-10, 1,077,288 bytes a round) on
 generated data, 128 rows per worker, inner Adam, period 64 and
-`steps_per_execution` 64: one execution a period. Two models, without and
-with overlap, trained in turn (interleaved) on each link, `--repeats`
-times, `--periods` periods a block; the chief reshapes the link between
-blocks, between two barriers. Prints ms per period (median and best over
-the blocks' executions) and the hidden fraction, `(without - with) /
-(without - unshaped without)`.
+`steps_per_execution` 64: one execution a period. Three models, without
+overlap, with overlap, and with overlap and 4 fragments (`steps_per_execution`
+16, four executions a period), trained in turn (interleaved) on each link,
+`--repeats` times, `--periods` periods a block; the chief reshapes the link
+between blocks, between two barriers. Prints ms per period (median and best
+over the blocks' periods; a `fit`'s first period, which has nothing in
+flight, left out) and the hidden fraction, `(without - with) / (without -
+unshaped without)`.
 
 Then, with `--trace DIR`, the chief records TensorFlow's profiler over two
 executions with overlap at 100 Mbit/s and prints the timeline of one:
@@ -121,7 +123,7 @@ def worker(args):
         .batch(2 * ROWS_PER_WORKER)
     )
 
-    def model_for(overlap):
+    def model_for(overlap, fragments):
         with strategy.scope():
             keras.utils.set_random_seed(0)
             inputs = keras.Input((784,))
@@ -130,22 +132,26 @@ def worker(args):
             model = keras_clones.CloneModel(inputs, keras.layers.Dense(10)(h))
             model.compile(
                 keras_clones.AGNOptimizer(
-                    keras.optimizers.Adam(1e-3), PERIOD, overlap=overlap
+                    keras.optimizers.Adam(1e-3),
+                    PERIOD,
+                    overlap=overlap,
+                    fragments=fragments,
                 ),
                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                steps_per_execution=PERIOD,
+                steps_per_execution=PERIOD // fragments,
             )
         return model
 
-    models = {overlap: model_for(overlap) for overlap in (False, True)}
+    variants = {"no": (False, 1), "yes": (True, 1), "yes+4fragments": (True, 4)}
+    models = {name: model_for(*options) for name, options in variants.items()}
     times = {}
-    for overlap, model in models.items():  # Trace, and a round, unshaped.
+    for model in models.values():  # Trace, and a round, unshaped.
         model.fit(dataset, epochs=2, steps_per_epoch=PERIOD, verbose=0)
     links = ["unshaped"] if unshaped_only else ["unshaped", "100mbit"]
     for _ in range(args.repeats):
         for name in links:
             use_link(name)
-            for overlap, model in models.items():
+            for variant, model in models.items():
                 recorder = ExecutionTimes(keras)
                 model.fit(
                     dataset,
@@ -154,14 +160,17 @@ def worker(args):
                     verbose=0,
                     callbacks=[recorder.callback],
                 )
-                # A fit's first execution receives nothing (the end of the
-                # last fit applied the commit in flight): left out of both.
-                times.setdefault((name, overlap), []).extend(
-                    recorder.seconds[1:]
+                # A fit's first period receives nothing (the end of the
+                # last fit applied the commits in flight): left out.
+                per_period = PERIOD // model.steps_per_execution
+                seconds = recorder.seconds[per_period:]
+                times.setdefault((name, variant), []).extend(
+                    sum(seconds[i : i + per_period])
+                    for i in range(0, len(seconds), per_period)
                 )
     if args.trace and not unshaped_only:
         use_link("100mbit")
-        model = models[True]
+        model = models["yes"]
         if chief:
             tf.profiler.experimental.start(args.trace)
         model.fit(dataset, epochs=2, steps_per_epoch=PERIOD, verbose=0)
@@ -175,21 +184,25 @@ def worker(args):
 
 
 def report(times):
-    print(f"{RESULT}link overlap executions median_ms best_ms")
+    print(f"{RESULT}link overlap periods median_ms best_ms")
     medians = {}
-    for (name, overlap), seconds in sorted(times.items()):
+    for (name, variant), seconds in sorted(times.items()):
         ms = [s * 1000 for s in seconds]
-        medians[name, overlap] = statistics.median(ms)
+        medians[name, variant] = statistics.median(ms)
         print(
-            f"{RESULT}{name} {overlap} {len(ms)} "
+            f"{RESULT}{name} {variant} {len(ms)} "
             f"{statistics.median(ms):.1f} {min(ms):.1f}"
         )
-    if ("100mbit", True) in medians:
-        without = medians["100mbit", False]
-        hidden = (without - medians["100mbit", True]) / (
-            without - medians["unshaped", False]
-        )
-        print(f"{RESULT}hidden fraction at 100 Mbit/s: {hidden:.2f}")
+    if ("100mbit", "no") in medians:
+        without = medians["100mbit", "no"]
+        for variant in ("yes", "yes+4fragments"):
+            hidden = (without - medians["100mbit", variant]) / (
+                without - medians["unshaped", "no"]
+            )
+            print(
+                f"{RESULT}hidden fraction at 100 Mbit/s, overlap "
+                f"{variant}: {hidden:.2f}"
+            )
 
 
 def timeline(trace_dir):
