@@ -200,7 +200,7 @@ class AGNOptimizer(
         self.overlap = overlap
         self._mixing = mixing
         self.mixing = mixing_used
-        self.fragments = fragments
+        self.fragments = int(fragments)
         self._commit_rule = CommitRule(
             commit, normalize, communication_period, communication_dtype
         )
@@ -267,7 +267,7 @@ class AGNOptimizer(
         if self.fragments > 1:
             self._build_fragments(with_centers)
         if self.overlap:
-            self._build_overlap(var_list, self._add_replica_sum)
+            self._build_overlap(var_list)
 
     def _add_center(self, variable, index):
         device = self._global_devices[index % len(self._global_devices)]
@@ -353,7 +353,10 @@ class AGNOptimizer(
         """The whole state, in a fixed order: this optimizer's own variables
         (iterations and learning rate, unused, as any Keras optimizer's;
         local step; communication rounds; a global center and a gradient
-        accumulator per model variable, in the order of the variables),
+        accumulator per model variable, in the order of the variables; with
+        fragments, each fragment's state of the outer optimizer; with
+        `overlap=True`, the in-flight phases, a commit slot per variable
+        and, for `commit="weight_change"`, a period start per variable),
         then the inner optimizer's, then the outer optimizer's."""
         return (
             internals.own_variables(self)

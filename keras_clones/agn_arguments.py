@@ -2,6 +2,7 @@
 with an error that says what was wrong and what to pass."""
 
 import gc
+import numbers
 import warnings
 import weakref
 
@@ -239,7 +240,7 @@ def check_overlap(overlap, mixing, communication_period):
         return 0.5
     if (
         isinstance(mixing, bool)
-        or not isinstance(mixing, (int, float))
+        or not isinstance(mixing, numbers.Real)
         or not 0 <= mixing <= 1
     ):
         raise ValueError(
@@ -254,7 +255,7 @@ def check_overlap(overlap, mixing, communication_period):
 def check_fragments(fragments, communication_period):
     if (
         isinstance(fragments, bool)
-        or not isinstance(fragments, int)
+        or not isinstance(fragments, numbers.Integral)
         or fragments < 1
         or communication_period % fragments
     ):

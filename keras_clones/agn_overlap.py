@@ -52,7 +52,7 @@ class OverlappedCommits:
     fragments (`agn_fragments.FragmentedCommits`), `_local_step` and
     `_communication_rounds`; `_build_overlap` adds its own state."""
 
-    def _build_overlap(self, var_list, add_replica_sum):
+    def _build_overlap(self, var_list):
         names = ["in_flight_phase"]
         if self.fragments > 1:
             names = [
@@ -63,7 +63,7 @@ class OverlappedCommits:
             for name in names
         ]
         self._in_flight = [
-            None if c is None else add_replica_sum(v, "in_flight")
+            None if c is None else self._add_replica_sum(v, "in_flight")
             for v, c in zip(var_list, self._centers)
         ]
         self._period_starts = [None] * len(var_list)
@@ -136,9 +136,6 @@ class OverlappedCommits:
         start, beside the steps, and the fragment's period ends after them
         when the last step ended it. Steps traced inside do not end
         periods. An execution that crosses a period's end fails."""
-        if not self.overlap:
-            yield
-            return
         strategy = internals.distribution_strategy(self)
         first_step = gradients.tf_variable(self._local_step).read_value()
         for f in range(self.fragments):

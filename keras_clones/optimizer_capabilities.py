@@ -80,11 +80,20 @@ def apply_in_parts(optimizer, hooks, step, before=None):
     return applied
 
 
-def commits_around_execution(optimizer, steps_per_execution):
+def commits_around_execution(optimizer):
     """What a train function across workers wraps its loop of steps in: an
     optimizer that overlaps its commits with the steps (an
-    `AGNOptimizer(overlap=True)`) all-reduces the commit in flight beside
-    them and ends the period after them; for others, nothing.
+    `AGNOptimizer(overlap=True)`) all-reduces the commits in flight beside
+    them and ends the period after them; for others, nothing. Check the
+    train function first with `check_execution_spans_period`."""
+    if not getattr(unwrapped(optimizer), "overlap", False):
+        return contextlib.nullcontext()
+    return unwrapped(optimizer).commits_around_execution()
+
+
+def check_execution_spans_period(optimizer, steps_per_execution):
+    """Refuses a train function across workers whose executions would not
+    end where an overlapping optimizer's periods end.
 
     Raises:
         ValueError: if `steps_per_execution` is not an overlapping
@@ -93,7 +102,7 @@ def commits_around_execution(optimizer, steps_per_execution):
             `LossScaleOptimizer` wraps it (its skipped steps do not count).
     """
     if not getattr(unwrapped(optimizer), "overlap", False):
-        return contextlib.nullcontext()
+        return
     if loss_scaled(optimizer):
         raise ValueError(
             "`AGNOptimizer(overlap=True)` across workers cannot be wrapped "
@@ -114,7 +123,6 @@ def commits_around_execution(optimizer, steps_per_execution):
             f"communication_period={period} and fragments={fragments}. "
             f"Compile with `steps_per_execution={period // fragments}`."
         )
-    return optimizer.commits_around_execution()
 
 
 def apply_in_flight_commit(optimizer):

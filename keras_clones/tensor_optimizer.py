@@ -70,8 +70,9 @@ class TensorOptimizer:
 
     def step(self, weights, grads, state, iteration):
         """One `apply` of `grads` to `weights` (tensors of the variables)
-        from `state` (tensors of `create_state`'s), at the learning rate of
-        optimizer step `iteration`; the new weights and state."""
+        from `state` (tensors, in `state_templates`' order), at the
+        learning rate of optimizer step `iteration`; the new weights and
+        state."""
         values = list(state)
         values.insert(self._learning_rate_index, self._learning_rate(iteration))
         with warnings.catch_warnings():
@@ -85,7 +86,7 @@ class TensorOptimizer:
         return weights, values
 
     def _learning_rate(self, iteration):
-        """The inner optimizer's learning rate at step `iteration`."""
+        """The optimizer's learning rate at step `iteration`."""
         learning_rate = internals.learning_rate_object(self.optimizer)
         if isinstance(
             learning_rate, keras.optimizers.schedules.LearningRateSchedule

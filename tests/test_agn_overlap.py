@@ -219,7 +219,7 @@ def test_overlap_options_round_trip_through_config():
 def test_across_workers_an_execution_must_span_the_period():
     optimizer = overlapped(period=4)
     with pytest.raises(ValueError, match="steps_per_execution=4"):
-        optimizer_capabilities.commits_around_execution(optimizer, 1)
+        optimizer_capabilities.check_execution_spans_period(optimizer, 1)
 
 
 def test_parameter_server_training_refuses_overlap():
@@ -232,7 +232,7 @@ def test_parameter_server_training_refuses_overlap():
 def test_across_workers_a_loss_scale_optimizer_is_refused():
     optimizer = keras.optimizers.LossScaleOptimizer(overlapped(period=4))
     with pytest.raises(ValueError, match="LossScaleOptimizer"):
-        optimizer_capabilities.commits_around_execution(optimizer, 4)
+        optimizer_capabilities.check_execution_spans_period(optimizer, 4)
 
 
 def test_post_init_copy_leaves_a_trained_overlapped_model_alone():

@@ -24,13 +24,13 @@ def step_function(model, step, training=False):
     strategy = model.distribute_strategy
     around_loop = contextlib.nullcontext
     if training:
-        optimizer_capabilities.commits_around_execution(
+        optimizer_capabilities.check_execution_spans_period(
             model.optimizer, model.steps_per_execution
-        )  # Checks it before tracing.
+        )
 
         def around_loop():
             return optimizer_capabilities.commits_around_execution(
-                model.optimizer, model.steps_per_execution
+                model.optimizer
             )
 
     def one_step(data):
