@@ -24,13 +24,6 @@ def _slot_name(variable, what):
     return f"{name.replace('/', '_').replace(':', '_')}_{what}"
 
 
-def _has_value(variable):
-    """False for a variable created in the `tf.function` being traced (a
-    model built by its first step): the function initializes it when it
-    first runs."""
-    return bool(gradients.tf_variable(variable).is_initialized())
-
-
 @keras.saving.register_keras_serializable(package="keras_clones")
 class AGNOptimizer(
     AGNSteps, OverlappedCommits, FragmentedCommits, keras.optimizers.Optimizer
@@ -282,7 +275,7 @@ class AGNOptimizer(
         # optimizers apply a variable's constraint.
         center.constraint = variable.constraint
         # Else the first step copies it, as always (`_start_from_model`).
-        if _has_value(variable):
+        if gradients.has_value(variable):
             center.assign(variable)
         return center
 

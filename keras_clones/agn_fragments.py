@@ -182,18 +182,29 @@ class FragmentedCommits:
         state.assign(template.numpy())
         return state
 
-    def _count_fragmented_step(self, distribution, step_hooks):
-        position = self._local_step % self.communication_period
-        share = self.communication_period // self.fragments
+    @property
+    def _fragment_share(self):
+        """Steps between two fragments' period ends."""
+        return self.communication_period // self.fragments
+
+    def _fragment_ending_at(self, step):
+        """The fragment whose period ends at local step `step` (a tensor),
+        or -1: fragment f's ends at step (f + 1) * share of each period."""
+        share = self._fragment_share
+        position = step % self.communication_period
+        fragment = (position // share - 1) % self.fragments
+        return tf.where(tf.equal(position % share, 0), fragment, -1)
+
+    def _for_fragment(self, fragment, fn):
+        """`fn(f)` for the fragment `fragment` (a tensor; none for -1)."""
         for f in range(self.fragments):
-            at = (f + 1) * share % self.communication_period
-            tf.cond(
-                tf.equal(position, at),
-                lambda f=f: self._synchronise_fragment(
-                    distribution, f, step_hooks
-                ),
-                lambda: None,
-            )
+            tf.cond(tf.equal(fragment, f), lambda f=f: fn(f), lambda: None)
+
+    def _count_fragmented_step(self, distribution, step_hooks):
+        self._for_fragment(
+            self._fragment_ending_at(self._local_step.value),
+            lambda f: self._synchronise_fragment(distribution, f, step_hooks),
+        )
 
     def _synchronise_fragment(self, distribution, fragment, step_hooks):
         self._communication_rounds.assign_add(1)

@@ -84,7 +84,7 @@ class OverlappedCommits:
 
     def _add_period_start(self, variable):
         start = self.add_variable_from_reference(variable, "period_start")
-        if bool(gradients.tf_variable(variable).is_initialized()):
+        if gradients.has_value(variable):
             start.assign(variable)
         return start
 
@@ -108,24 +108,6 @@ class OverlappedCommits:
         return [
             which[self._slot(v, "in-flight commit")] for v in self._fragmented
         ]
-
-    @property
-    def _fragment_share(self):
-        """Steps between two fragments' period ends."""
-        return self.communication_period // self.fragments
-
-    def _fragment_ending_at(self, step):
-        """The fragment whose period ends at local step `step` (a tensor),
-        or -1: fragment f's ends at step (f + 1) * share of each period."""
-        share = self._fragment_share
-        position = step % self.communication_period
-        fragment = (position // share - 1) % self.fragments
-        return tf.where(tf.equal(position % share, 0), fragment, -1)
-
-    def _for_fragment(self, fragment, fn):
-        """`fn(f)` for the fragment `fragment` (a tensor; none for -1)."""
-        for f in range(self.fragments):
-            tf.cond(tf.equal(fragment, f), lambda f=f: fn(f), lambda: None)
 
     @contextlib.contextmanager
     def commits_around_execution(self):

@@ -47,6 +47,13 @@ def assign_in_cross_replica(distribution, variable, value):
     )
 
 
+def has_value(variable):
+    """False for a variable created in the `tf.function` being traced (a
+    model built by its first step): the function initializes it when it
+    first runs."""
+    return bool(tf_variable(variable).is_initialized())
+
+
 def variable_name(variable):
     """A variable's path, or a plain `tf.Variable`'s name (it has no path)."""
     return getattr(variable, "path", variable.name)
