@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: setup demo test test-bench format bench bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan clean conformance
+.PHONY: setup demo test test-bench format bench bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ bench-agn-paper: setup
 # root it measures the unshaped loopback only. About 27 minutes.
 bench-wan: setup
 	$(BIN)/python bench/wan.py
+
+# Needs root, ip and tc for its 100 Mbit/s link, as bench-wan.
+bench-overlap: setup
+	$(BIN)/python bench/overlap.py
 
 bench-callbacks: setup
 	$(BIN)/python bench/callbacks.py

@@ -1,6 +1,9 @@
 """Command-line flag types of the benchmarks (standard library only)."""
 
 import argparse
+import json
+import os
+import sys
 
 
 def positive_int(text):
@@ -36,3 +39,21 @@ def add_record_flags(parser, root, smoke_runs="--quick"):
         help="print the tables and draw the figures of an earlier run's "
         "records instead of running",
     )
+
+
+def records(args, run, filename):
+    """The records of `--from-json`, or of `run()` (None if it failed),
+    then written to `--out`/`filename`."""
+    if args.from_json:
+        with open(args.from_json) as f:
+            return json.load(f)
+    print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPU cores.")
+    data = run()
+    if data is None:
+        return None
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, filename)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+    print(f"Wrote {path}.")
+    return data

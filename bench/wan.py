@@ -217,19 +217,9 @@ def run(quick):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.from_json:
-        with open(args.from_json) as f:
-            data = json.load(f)
-    else:
-        print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPU cores.")
-        data = run(args.quick)
-        if data is None:
-            return 1
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "wan.json")
-        with open(path, "w") as f:
-            json.dump(data, f, indent=1)
-        print(f"Wrote {path}.")
+    data = flags.records(args, lambda: run(args.quick), "wan.json")
+    if data is None:
+        return 1
     import wan_report
 
     wan_report.report(data, args)
