@@ -9,15 +9,18 @@ and 4 workers:
    `tf.distribute.ParameterServerStrategy` on a
    `keras_clones.parameter_server.InProcessCluster(num_workers=N)` (1
    parameter server). Its `fit` trains asynchronously (DOWNPOUR): the
-   coordinator keeps one step in flight per worker through
-   `ClusterCoordinator`; a worker reads the weights from the parameter
-   server and computes one batch's gradients; the coordinator fetches them
-   and applies them with the Keras optimizer, one step after another;
+   coordinator keeps K steps in flight per worker through
+   `ClusterCoordinator` (`fit(in_flight_per_worker=K)`, K in `--in-flight`,
+   1, 2 and 4; names without K are K=1); a worker reads the weights from
+   the parameter server and computes one batch's gradients; the
+   coordinator fetches them and applies them with the Keras optimizer, one
+   step after another;
 2. `AGN(10) PS Nw`: the same, compiled with
    `AGNOptimizer(SGD(0.01, momentum=0.9), communication_period=10)`: a
    scheduled function is one worker's period of 10 local steps on its own
    copy of the centers, and the coordinator applies its commit with the
-   outer optimizer (default), one commit per 10 worker batches. Where the
+   outer optimizer (default), one commit per 10 worker batches; K periods
+   in flight per worker, as for 1. Where the
    installed keras_clones refuses `AGNOptimizer` under the strategy, the
    tables say "not yet";
 3. `tf-keras PS Nw`, the anchor: Keras 2 (the `tf-keras` package,
@@ -65,12 +68,18 @@ All servers of a parameter-server variant (N workers, 1 parameter server,
 each with N + 2 inter-op threads, as `InProcessCluster` makes them) and the
 coordinator share this machine's cores, as do the N processes of MWMS.
 
+With `--link 100mbit` (root) every run is in a network namespace whose
+loopback, which the cluster's servers talk over, is shaped to that link
+(`bench/netns.py`).
+
 Usage:
     python bench/ps.py [--quick] [--repeats R] [--steps S] [--epochs E]
-                       [--workers N [N ...]]
+                       [--workers N [N ...]] [--in-flight K [K ...]]
+                       [--link LINK]
 """
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -78,6 +87,7 @@ import sys
 import time
 
 import launching
+import netns
 import synthetic_mlp
 from flags import positive_int
 from ratios import ratio_table
@@ -104,6 +114,7 @@ KC_MW = "keras_clones MWMS"
 AGN_PERIOD = 10
 AGN_PS = f"AGN({AGN_PERIOD}) PS"
 AGN_GOAL = 1.5  # AGN(10) PS 2w / tf-keras PS 2w.
+AGN_IN_FLIGHT_GOAL = 3.5  # The same, with more in flight.
 AGN_NOTE = "not yet (AGNOptimizer refused under ParameterServerStrategy)"
 
 # Worker kinds: (label, runs under keras_clones.launch)
@@ -115,8 +126,15 @@ KINDS = {
 }
 
 
-def variant_name(kind, workers):
-    return f"{KINDS[kind][0]} {workers}w"
+IN_FLIGHT = (1, 2, 4)  # `fit(in_flight_per_worker=...)` of keras_clones PS.
+QUICK_IN_FLIGHT = (1, 2)
+# The kinds that take `in_flight_per_worker`.
+TAKE_IN_FLIGHT = ("ps_keras_clones", "ps_agn_keras_clones")
+
+
+def variant_name(kind, workers, in_flight=1):
+    name = f"{KINDS[kind][0]} {workers}w"
+    return name if in_flight == 1 else f"{name}, {in_flight} in flight"
 
 
 # The worker: one run of a variant.
@@ -128,6 +146,7 @@ def worker_main(argv):
     parser.add_argument("--workers", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--epochs", type=int, required=True)
+    parser.add_argument("--in-flight", type=int, default=1)
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["KERAS_BACKEND"] = "tensorflow"
@@ -169,6 +188,9 @@ def worker_main(argv):
         model.compile(optimizer, "sparse_categorical_crossentropy")
 
     timer = epoch_timer(keras)
+    in_flight = {}
+    if args.worker in TAKE_IN_FLIGHT:
+        in_flight["in_flight_per_worker"] = args.in_flight
     try:
         model.fit(
             dataset,
@@ -176,6 +198,7 @@ def worker_main(argv):
             steps_per_epoch=steps,
             callbacks=[timer],
             verbose=0,
+            **in_flight,
         )
     except ValueError as e:
         if "AGNOptimizer" not in str(e):
@@ -287,11 +310,31 @@ def parse_args():
         f"{' '.join(map(str, QUICK_WORKERS))} with --quick)",
     )
     parser.add_argument(
+        "--in-flight",
+        type=positive_int,
+        nargs="+",
+        help="keras_clones's `in_flight_per_worker` values (default "
+        f"{' '.join(map(str, IN_FLIGHT))}, or "
+        f"{' '.join(map(str, QUICK_IN_FLIGHT))} with --quick)",
+    )
+    parser.add_argument(
+        "--link",
+        choices=list(netns.LINKS),
+        default="unshaped",
+        help="run every variant in a network namespace whose loopback is "
+        "shaped to this link (root, ip and tc; bench/netns.py)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="a smoke run: 2 workers, few steps, one repeat (under a minute)",
     )
     args = parser.parse_args()
+    if args.in_flight is None:
+        args.in_flight = QUICK_IN_FLIGHT if args.quick else IN_FLIGHT
+    args.in_flight = sorted(set(args.in_flight))
+    if args.link != "unshaped" and netns.missing_requirements():
+        parser.error(f"--link {args.link} needs {netns.missing_requirements()}")
     if args.repeats is None:
         args.repeats = QUICK_REPEATS if args.quick else REPEATS
     if args.steps is None:
@@ -312,37 +355,43 @@ def parse_args():
     return args
 
 
-def run_variant(kind, workers, args):
-    """Runs one variant once; its result, or None if it failed."""
+def run_variant(kind, workers, in_flight, args, wrap=None):
+    """Runs one variant once (its commands wrapped by `wrap`, if any); its
+    result, or None if it failed."""
     arguments = [__file__, WORKER_FLAG, kind, "--workers", str(workers)]
     arguments += ["--steps", str(args.steps), "--epochs", str(args.epochs)]
+    arguments += ["--in-flight", str(in_flight)]
     start = time.perf_counter()
     if KINDS[kind][1]:
-        status, lines = launching.run_launch(workers, arguments, TIMEOUT)
+        status, lines = launching.run_launch(
+            workers, arguments, TIMEOUT, wrap=wrap
+        )
         prefix = "[worker 0] " + RESULT
     else:
         command = [sys.executable, *arguments]
+        command = command if wrap is None else wrap(command)
         status, lines = launching.run_process(command, TIMEOUT)
         prefix = RESULT
     wall = time.perf_counter() - start
     result = launching.printed_result(lines, prefix)
     if result is None:
-        launching.print_failure(variant_name(kind, workers), status, lines)
+        name = variant_name(kind, workers, in_flight)
+        launching.print_failure(name, status, lines)
     else:
         result["wall_s"] = wall
     return result
 
 
-def measure(variants, args):
+def measure(variants, args, wrap=None):
     """Round-robin runs; per variant name the list of results (a variant
     that `fit` refused is run once: its list holds the refusal)."""
     results = {variant_name(*v): [] for v in variants}
     for repeat in range(args.repeats):
-        for kind, workers in variants:
-            name = variant_name(kind, workers)
+        for kind, workers, in_flight in variants:
+            name = variant_name(kind, workers, in_flight)
             if refused(results[name]):
                 continue
-            result = run_variant(kind, workers, args)
+            result = run_variant(kind, workers, in_flight, args, wrap)
             if result is not None and "refused" in result:
                 results[name].append(result)
                 print(f"{name}: refused by `fit`: {result['refused']}")
@@ -414,6 +463,13 @@ def ratios(args):
         rows.append((f"{AGN_PS} {n}w", f"{TFK_PS} {n}w", goal))
     for n in args.workers:
         rows.append((f"{AGN_PS} {n}w", f"{KC_PS} {n}w", None))
+    # More in flight: plain and AGN against tf-keras, the same goals.
+    for k in args.in_flight[1:]:
+        for n in args.workers:
+            plain, agn = f"{KC_PS} {n}w, {k} in flight", f"{AGN_PS} {n}w"
+            rows.append((plain, f"{TFK_PS} {n}w", 1.0))
+            goal = AGN_IN_FLIGHT_GOAL if n == 2 else None
+            rows.append((f"{agn}, {k} in flight", f"{TFK_PS} {n}w", goal))
     for label in (KC_PS, AGN_PS, TFK_PS, KC_MW):
         for n in args.workers[1:]:
             first = args.workers[0]
@@ -433,14 +489,26 @@ def main():
             ".venv-bench, which has it (tf-keras matching TensorFlow)."
         )
     print()
-    variants = [(kind, n) for n in args.workers for kind in kinds]
+    variants = [
+        (kind, n, k)
+        for n in args.workers
+        for kind in kinds
+        for k in (args.in_flight if kind in TAKE_IN_FLIGHT else [1])
+    ]
     start = time.perf_counter()
-    results = measure(variants, args)
+    with contextlib.ExitStack() as stack:
+        wrap = None
+        if args.link != "unshaped":
+            namespace = stack.enter_context(netns.Namespace())
+            namespace.shape(netns.LINKS[args.link])
+            wrap = namespace.command
+            print(f"In a namespace: {netns.LINKS[args.link].describe()}.")
+        results = measure(variants, args, wrap)
     versions = {
         f"{KINDS[kind][0]}: TensorFlow {r[0]['tensorflow']}, Keras "
         f"{r[0]['keras']}, from {r[0]['library']}"
-        for kind, n in variants
-        if (r := results[variant_name(kind, n)]) and not refused(r)
+        for kind, n, k in variants
+        if (r := results[variant_name(kind, n, k)]) and not refused(r)
     }
     print()
     print("\n".join(sorted(versions)))

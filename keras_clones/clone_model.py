@@ -557,9 +557,26 @@ class CloneModel(DeprecatedHalves, keras.Model):
         for metric in self._step_hooks.metrics:
             metric.reset_state()
 
-    def fit(self, *args, **kwargs):
+    def fit(self, *args, in_flight_per_worker=1, **kwargs):
+        """Keras's `fit`, with the clones' logs; under
+        `ParameterServerStrategy`, asynchronous training.
+
+        Args:
+            *args, **kwargs: As for `keras.Model.fit`.
+            in_flight_per_worker: Under `ParameterServerStrategy`, how many
+                scheduled functions (steps; with an `AGNOptimizer`,
+                communication periods) each worker may have in flight: with
+                2 or more, a worker computes its next one while the
+                coordinator fetches and applies the last, and a result may
+                be up to `in_flight_per_worker * workers - 1` updates
+                stale (the logs' `staleness` and `max_staleness`). The
+                default, 1, waits for each worker's result to be applied
+                (1 worker trains as one process). Elsewhere it must be 1.
+        """
         with self._logging_for_fit(True):
-            return self._mode.fit(self, super().fit, args, kwargs)
+            return self._mode.fit(
+                self, super().fit, args, kwargs, in_flight_per_worker
+            )
 
     def evaluate(self, *args, **kwargs):
         # `fit` validates with its own `CallbackList`; its logs get

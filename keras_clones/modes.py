@@ -20,6 +20,7 @@ from keras_clones.multi_worker import topology
 from keras_clones.multi_worker import worker
 from keras_clones.parameter_server import cluster
 from keras_clones.parameter_server import fitting
+from keras_clones.parameter_server import training
 
 
 def of(strategy):
@@ -63,9 +64,18 @@ class OneProcess:
     def __init__(self, strategy):
         self.strategy = strategy
 
-    def fit(self, model, fit, args, kwargs):
+    def fit(self, model, fit, args, kwargs, in_flight_per_worker=1):
         """Runs `fit` (Keras's, bound to `model`) with `args` and
-        `kwargs`."""
+        `kwargs`; `in_flight_per_worker` must be 1 (parameter servers
+        only)."""
+        if training.check_in_flight_per_worker(in_flight_per_worker) != 1:
+            raise ValueError(
+                "`in_flight_per_worker` applies to asynchronous training "
+                "under `tf.distribute.ParameterServerStrategy` only: here "
+                "each step is applied before the next is computed. "
+                f"Received: in_flight_per_worker={in_flight_per_worker}. "
+                "Leave it at 1."
+            )
         return worker.run_as_worker(model, fit, args, kwargs)
 
     def infer(self, model, method, args, kwargs):
@@ -124,8 +134,8 @@ class ParameterServers(OneProcess):
     coordinator (`parameter_server.fitting`), `evaluate` and `predict` in
     this process, reading the parameter servers."""
 
-    def fit(self, model, fit, args, kwargs):
-        return fitting.fit(model, fit, args, kwargs)
+    def fit(self, model, fit, args, kwargs, in_flight_per_worker=1):
+        return fitting.fit(model, fit, args, kwargs, in_flight_per_worker)
 
     def infer(self, model, method, args, kwargs):
         if tf.distribute.has_strategy():

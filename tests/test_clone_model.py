@@ -584,3 +584,27 @@ def test_a_deployment_config_dict_equals_deployment_config_of_its_keys(config):
     assert model.deployment == DeploymentConfig(**config)
     with pytest.raises(TypeError, match="num_clone'"):
         mlp(CloneModel, deployment={"num_clone": 2})
+
+
+@pytest.mark.parametrize(
+    "value, error, match",
+    [
+        (2, ValueError, "under `tf.distribute.ParameterServerStrategy` only"),
+        (0, ValueError, "must be >= 1.*in_flight_per_worker=0"),
+        (True, TypeError, "must be an integer >= 1.*of type bool"),
+        ("2", TypeError, "must be an integer >= 1.*of type str"),
+    ],
+)
+def test_in_flight_per_worker_outside_parameter_servers_is_refused_untouched(
+    value, error, match
+):
+    reference, clones = pair(mlp, TWO_CPUS)
+    x, y = data(8)
+    with pytest.raises(error, match=match):
+        clones.fit(x, y, epochs=1, verbose=0, in_flight_per_worker=value)
+    assert_same_weights(reference, clones, atol=0)
+    # 1, the default, trains as a plain model.
+    kwargs = dict(epochs=1, batch_size=8, verbose=0, shuffle=False)
+    reference.fit(x, y, **kwargs)
+    clones.fit(x, y, in_flight_per_worker=1, **kwargs)
+    assert_same_weights(reference, clones)

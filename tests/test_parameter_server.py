@@ -18,7 +18,17 @@ WORKER = pathlib.Path(__file__).parent / "workers" / "ps_worker.py"
 # The scenarios, in groups that each share a cluster (one child process,
 # bounded in time): (workers, scenario names).
 GROUPS = (
-    (1, ("one_worker", "agn_one_worker", "resume", "inf_nan", "sparse")),
+    (
+        1,
+        (
+            "one_worker",
+            "agn_one_worker",
+            "resume",
+            "inf_nan",
+            "sparse",
+            "in_flight",
+        ),
+    ),
     (1, ("agn_inner_optimizers",)),
     (2, ("two_workers", "refusals")),
 )
@@ -129,7 +139,9 @@ def test_agn_on_one_worker_trains_as_agn_optimizer_in_one_process(
     assert result["loaded"] < 1e-5
 
 
-@pytest.mark.parametrize("case, updates", [("sgd", 12), ("agn", 4)])
+@pytest.mark.parametrize(
+    "case, updates", [("sgd", 12), ("agn", 4), ("sgd_in_flight_2", 12)]
+)
 def test_two_workers_apply_each_result_once_and_nothing_else(
     scenario, case, updates
 ):
@@ -142,11 +154,32 @@ def test_two_workers_apply_each_result_once_and_nothing_else(
     # 2 epochs of 6 steps: 12 steps, or 4 periods of 3, each applied once.
     assert result["applied"] == updates
     assert result["iterations"] == 12
-    # Some result was computed before the other worker's update landed.
+    # Some result was computed before the other worker's update landed;
+    # none is staler than the window allows (2 workers x in flight - 1).
+    window = 4 if case.endswith("in_flight_2") else 2
     assert max(result["max_staleness"]) >= 1
-    assert all(0 < s <= 1 for s in result["staleness"])
+    assert max(result["max_staleness"]) <= window - 1
+    assert all(0 < s <= window - 1 for s in result["staleness"])
     if case == "agn":
         assert result["rounds"] == [2.0, 4.0]
+
+
+@pytest.mark.parametrize("case", ["sgd", "adam"])
+def test_two_in_flight_on_one_worker_apply_each_step_to_the_weights_it_read(
+    scenario, case
+):
+    # Each step's gradients were taken at the weights after the updates it
+    # read (its position: step less its staleness, from the logs), as a
+    # plain model replays them by hand. The coordinator waits 0.2 s before
+    # applying each step, in which the worker reads for its next: each
+    # epoch's first step is fresh (the last epoch ended applied), the
+    # others 1 update stale, and the replay on fresh reads differs.
+    result = scenario("in_flight")[case]
+    assert result["weights"] < 1e-5
+    assert result["staleness"] == [0, 1, 1, 1, 1, 1] * 2
+    assert result["fresh"] > 1e-3
+    assert result["max_staleness"] == [1.0, 1.0]
+    assert result["iterations"] == 12
 
 
 @pytest.mark.parametrize("case", ["adam", "agn"])
@@ -216,6 +249,8 @@ def test_inf_nan_check_skips_agns_local_step_on_the_worker(scenario):
         ("agn_loss_scaled", "wrapped in a LossScaleOptimizer"),
         ("agn_fine", "^no error$"),
         ("matching_deployment", "^no error$"),
+        ("in_flight_zero", "ValueError: `in_flight_per_worker` must be >= 1"),
+        ("in_flight_float", "TypeError: .*must be an integer.*=1.5 of type"),
     ],
 )
 def test_what_cannot_work_is_refused_with_what_to_do(scenario, case, error):

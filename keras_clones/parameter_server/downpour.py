@@ -15,10 +15,22 @@ class GradientSteps:
     def start(self):
         """Before the first scheduled function of a `fit`."""
 
-    def on_worker(self, iterator):
+    @property
+    def reads(self):
+        """The variables a step reads: the model's."""
+        return (
+            self.model.trainable_variables + self.model.non_trainable_variables
+        )
+
+    def on_worker(self, iterator, values):
         """On a worker: its next batch's computed step
-        (`CloneModel.compute`), the inputs left out."""
-        return self.model.compute(next(iterator))._replace(x=None)
+        (`CloneModel.compute`) on `values` (those of `reads`), the inputs
+        and the non-trainable values left out."""
+        trainable = len(self.model.trainable_variables)
+        computed = self.model.compute(
+            next(iterator), values=(values[:trainable], values[trainable:])
+        )
+        return computed._replace(x=None, non_trainable_values=None)
 
     def on_coordinator(self, result):
         """On the coordinator: the step's update (its moved state too),

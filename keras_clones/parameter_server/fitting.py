@@ -18,6 +18,7 @@ from keras_clones.parameter_server import cluster
 from keras_clones.parameter_server.agn_periods import AGNPeriods
 from keras_clones.parameter_server.downpour import GradientSteps
 from keras_clones.parameter_server.training import AsyncTraining
+from keras_clones.parameter_server.training import check_in_flight_per_worker
 
 # `fit`'s arguments that parameter-server training does not take, with their
 # defaults and what to do instead.
@@ -46,17 +47,19 @@ _LOST_PS_MESSAGE = (
 )
 
 
-def fit(model, fit_method, args, kwargs):
+def fit(model, fit_method, args, kwargs, in_flight_per_worker=1):
     """Runs `model.fit(*args, **kwargs)` (with `fit_method`'s signature)
-    as asynchronous training on the model's `ParameterServerStrategy`."""
+    as asynchronous training on the model's `ParameterServerStrategy`,
+    with up to `in_flight_per_worker` scheduled functions per worker."""
     bound = inspect.signature(fit_method).bind(*args, **kwargs)
     bound.apply_defaults()
     arguments = bound.arguments
     internals.assert_compiled(model, "fit")
     check_arguments(model, arguments)
+    check_in_flight_per_worker(in_flight_per_worker)
     dataset = _repeated(arguments["x"])
     _build(model, dataset)
-    training = AsyncTraining(model, dataset, _work(model))
+    training = AsyncTraining(model, dataset, _work(model), in_flight_per_worker)
     epochs = arguments["epochs"]
     steps = arguments["steps_per_epoch"]
     callbacks = arguments["callbacks"]

@@ -11,6 +11,7 @@ batches.
 import json
 import os
 import sys
+import time
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -250,6 +251,7 @@ def two_workers(strategy):
     without momentum, against the sum of what the coordinator applied."""
     optimizers = {
         "sgd": (lambda: keras.optimizers.SGD(0.05), 0.05),
+        "sgd_in_flight_2": (lambda: keras.optimizers.SGD(0.05), 0.05),
         "agn": (
             lambda: keras_clones.AGNOptimizer(
                 keras.optimizers.Adam(0.01),
@@ -269,7 +271,11 @@ def two_workers(strategy):
         applied = SumOfAppliedGradients(model.trainable_variables)
         model.step_hooks.add(applied)
         history = model.fit(
-            dataset(), epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0
+            dataset(),
+            epochs=EPOCHS,
+            steps_per_epoch=STEPS,
+            verbose=0,
+            in_flight_per_worker=2 if name.endswith("in_flight_2") else 1,
         )
         expected = [
             w - outer_lr * s.numpy() for w, s in zip(start, applied.sums)
@@ -284,6 +290,90 @@ def two_workers(strategy):
             "staleness": history.history["staleness"],
             "max_staleness": history.history["max_staleness"],
             "rounds": history.history.get("communication_rounds"),
+        }
+    return results
+
+
+class StalenessOfEachStep(keras.callbacks.Callback):
+    """Each applied step's staleness, from the logs' running mean over the
+    epoch (`staleness`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.values = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.mean, self.count = 0.0, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        mean, self.count = float(logs["staleness"]), self.count + 1
+        total = self.count * mean - (self.count - 1) * self.mean
+        self.values.append(round(total))
+        self.mean = mean
+
+
+def replayed(start, reads, optimizer):
+    """A plain model from `start`, its step n's gradients taken at the
+    weights after `reads[n]` updates (each epoch's batches in order, as a
+    worker iterates them), applied by `optimizer()` in turn."""
+    plain, reader = functional(keras.Model), functional(keras.Model)
+    plain.set_weights(start)
+    optimizer = optimizer()
+    loss = keras.losses.MeanSquaredError()
+    batches, after = list(dataset()), [start]
+    for n, read in enumerate(reads):
+        reader.set_weights(after[read])
+        x, y = batches[n % STEPS]
+        with tf.GradientTape() as tape:
+            value = loss(y, reader(x))
+        grads = tape.gradient(value, reader.trainable_variables)
+        optimizer.apply_gradients(zip(grads, plain.trainable_variables))
+        after.append(plain.get_weights())
+    return plain.get_weights()
+
+
+class SlowToApply(keras.callbacks.Callback):
+    """Waits before each step is fetched and applied, so that the worker
+    reads the variables for its next step first."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        time.sleep(0.2)
+
+
+def in_flight(strategy):
+    """2 in flight on 1 worker, a coordinator slow to apply: each step's
+    read position (from its staleness), and SGD and Adam replayed by hand
+    on those reads."""
+    optimizers = {
+        "sgd": lambda: keras.optimizers.SGD(0.05),
+        "adam": lambda: keras.optimizers.Adam(0.01),
+    }
+    results = {}
+    for name, optimizer in optimizers.items():
+        with strategy.scope():
+            model = functional(keras_clones.CloneModel)
+            model.compile(optimizer(), "mse")
+        start = model.get_weights()
+        staleness = StalenessOfEachStep()
+        history = model.fit(
+            dataset(),
+            epochs=EPOCHS,
+            steps_per_epoch=STEPS,
+            callbacks=[SlowToApply(), staleness],
+            verbose=0,
+            in_flight_per_worker=2,
+        )
+        reads = [n - s for n, s in enumerate(staleness.values)]
+        expected = replayed(start, reads, optimizer)
+        results[name] = {
+            "weights": max_difference(model.get_weights(), expected),
+            "fresh": max_difference(
+                model.get_weights(),
+                replayed(start, range(len(reads)), optimizer),
+            ),
+            "staleness": staleness.values,
+            "max_staleness": history.history["max_staleness"],
+            "iterations": int(model.optimizer.iterations.numpy()),
         }
     return results
 
@@ -575,6 +665,8 @@ def refusals(strategy):
         "matching_deployment": refusal(
             with_deployment(num_ps_tasks=1, num_replicas=2)
         ),
+        "in_flight_zero": refusal(fit(in_flight_per_worker=0)),
+        "in_flight_float": refusal(fit(in_flight_per_worker=1.5)),
     }
     model.deployment = keras_clones.DeploymentConfig()
     with strategy.scope():
@@ -644,6 +736,7 @@ SCENARIOS = {
     "sparse": sparse,
     "two_workers": two_workers,
     "refusals": refusals,
+    "in_flight": in_flight,
 }
 
 if __name__ == "__main__":
