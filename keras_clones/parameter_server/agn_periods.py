@@ -61,15 +61,11 @@ class AGNPeriods:
     def start(self):
         self.optimizer.start_centers_from_variables(self._variables)
 
-    @property
-    def reads(self):
-        """The variables a period reads: the centers, and the steps
-        committed before it (where a learning-rate schedule stands for its
-        first local step)."""
-        return self._centers + [self.optimizer.iterations]
-
-    def on_worker(self, iterator, values):
-        pulled, start = values[:-1], values[-1]
+    def on_worker(self, iterator):
+        pulled = [tf.identity(c.value) for c in self._centers]
+        # The steps committed before this period: where a learning-rate
+        # schedule stands for its first local step.
+        start = tf.identity(self.optimizer.iterations.value)
         copy = self._worker_copy(pulled)
         steps = []
         for k in range(self.steps):

@@ -15,22 +15,10 @@ class GradientSteps:
     def start(self):
         """Before the first scheduled function of a `fit`."""
 
-    @property
-    def reads(self):
-        """The variables a step reads: the model's."""
-        return (
-            self.model.trainable_variables + self.model.non_trainable_variables
-        )
-
-    def on_worker(self, iterator, values):
+    def on_worker(self, iterator):
         """On a worker: its next batch's computed step
-        (`CloneModel.compute`) on `values` (those of `reads`), the inputs
-        and the non-trainable values left out."""
-        trainable = len(self.model.trainable_variables)
-        computed = self.model.compute(
-            next(iterator), values=(values[:trainable], values[trainable:])
-        )
-        return computed._replace(x=None, non_trainable_values=None)
+        (`CloneModel.compute`), the inputs left out."""
+        return self.model.compute(next(iterator))._replace(x=None)
 
     def on_coordinator(self, result):
         """On the coordinator: the step's update (its moved state too),

@@ -33,9 +33,8 @@ class AsyncTraining:
             its own copy), or a function returning it.
         work: What a worker computes and the coordinator applies
             (`GradientSteps` or `AGNPeriods`): `steps` batches per
-            scheduled function, the variables a worker `reads` (as one
-            applied state), `on_worker(iterator, values)` with their
-            values, and `on_coordinator(result)`, which returns the logs.
+            scheduled function, `on_worker(iterator)` and
+            `on_coordinator(result)`, which returns the logs.
         in_flight_per_worker: Scheduled functions in flight per worker.
     """
 
@@ -51,13 +50,10 @@ class AsyncTraining:
             self._coordinator.create_per_worker_dataset(dataset)
         )
         with strategy.scope():
-            # Twice the results applied so far, plus 1 while one is being
-            # applied (a sequence lock): a worker reads the variables at an
-            # even version, the same before and after its reads, so that it
-            # reads one applied state, and the staleness of a result is how
-            # many were applied between that read and its own application.
-            self._version = tf.Variable(
-                tf.constant(0, "int64"), trainable=False, name="version"
+            # Results applied so far: the staleness of a result is how many
+            # were applied between its read of the variables and its own.
+            self._applied = tf.Variable(
+                tf.constant(0, "int64"), trainable=False, name="applied"
             )
         self.staleness = keras.metrics.Mean(name="staleness")
         self.max_staleness = _Max(name="max_staleness")
@@ -72,47 +68,21 @@ class AsyncTraining:
 
     def _on_worker_fn(self, iterator):
         def compute(iterator):
-            read_at, values = self._read_applied_state()
-            return read_at, self.work.on_worker(iterator, values)
+            read_at = self._applied.read_value()
+            with tf.control_dependencies([read_at]):
+                return read_at, self.work.on_worker(iterator)
 
         self._result = _OneTensor(self._strategy.run(compute, args=(iterator,)))
         return self._result.packed
 
-    def _read_applied_state(self):
-        """The version and values of `work.reads` with no result being
-        applied in between: read again until the version, even, is the
-        same before and after."""
-
-        def read(done, version, values):
-            before = self._version.read_value()
-            with tf.control_dependencies([before]):
-                values = [tf.identity(v.value) for v in self.work.reads]
-            with tf.control_dependencies(values):
-                after = self._version.read_value()
-            done = tf.logical_and(tf.equal(before, after), before % 2 == 0)
-            return done, before, values
-
-        start = [tf.zeros(v.shape, v.dtype) for v in self.work.reads]
-        _, version, values = tf.while_loop(
-            lambda done, version, values: tf.logical_not(done),
-            read,
-            (tf.constant(False), tf.constant(0, "int64"), start),
-        )
-        return version, values
-
     def _on_coordinator_fn(self, packed):
         read_at, result = self._result.unpack(packed)
-        staleness = tf.cast(
-            (self._version.read_value() - read_at) // 2, "float32"
-        )
+        staleness = tf.cast(self._applied.read_value() - read_at, "float32")
         # Outside the strategy's scope: Keras's `apply` merges in the default
         # replica context, and the update runs where each variable lives.
-        with tf.control_dependencies([self._version.assign_add(1)]):
-            logs = self.work.on_coordinator(result)
-        # What the workers read, read back after the update wrote it.
-        written = [tf.identity(v.value) for v in self.work.reads]
-        with tf.control_dependencies(tf.nest.flatten(logs) + written):
-            self._version.assign_add(1)
+        logs = self.work.on_coordinator(result)
+        with tf.control_dependencies(tf.nest.flatten(logs)):
+            self._applied.assign_add(1)
         self.staleness.update_state(staleness)
         self.max_staleness.update_state(staleness)
         logs["staleness"] = self.staleness.result()
