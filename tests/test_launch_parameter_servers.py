@@ -8,12 +8,14 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 COORDINATOR = pathlib.Path(__file__).parent / "workers" / "ps_coordinator.py"
 # 4 epochs of 12 steps, AGN with a period of 3.
 PERIODS = 16
 
 
-def launch(tmp_path, *options, kill=()):
+def launch(tmp_path, *options, kill=(), extra=()):
     out = tmp_path / "out.json"
     done = subprocess.run(
         [
@@ -28,6 +30,7 @@ def launch(tmp_path, *options, kill=()):
             str(COORDINATOR),
             str(out),
             *kill,
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -37,13 +40,17 @@ def launch(tmp_path, *options, kill=()):
     return done, results
 
 
+@pytest.mark.parametrize("in_flight", [1, 2])
 def test_a_killed_worker_is_restarted_and_every_period_applied_once(
-    tmp_path,
+    tmp_path, in_flight
 ):
+    # With 2 periods in flight per worker, the killed worker's queued
+    # periods too run again elsewhere and are applied once.
     done, results = launch(
         tmp_path,
         "--restart-workers",
         kill=("--kill", "worker", "1", "--restarted"),
+        extra=("--in-flight", str(in_flight)),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (

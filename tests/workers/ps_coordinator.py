@@ -1,9 +1,10 @@
 """The coordinator of `python -m keras_clones.launch --ps 1 --workers 2`;
 see tests/test_launch_parameter_servers.py.
 
-`ps_coordinator.py OUT.json [--kill worker|ps EPOCH] [--restarted]`
-trains a CloneModel with asynchronous AGN on the launcher's cluster
-(`TF_CONFIG`) and writes its counts to OUT.json. With `--kill`, worker 1's
+`ps_coordinator.py OUT.json [--kill worker|ps EPOCH] [--restarted]
+[--in-flight K]` trains a CloneModel with asynchronous AGN on the
+launcher's cluster (`TF_CONFIG`), K periods in flight per worker (default
+1), and writes its counts to OUT.json. With `--kill`, worker 1's
 (or parameter server 0's) server is killed with SIGKILL when that epoch
 begins; with `--restarted` (the launcher restarts workers), the coordinator
 then counts the workers that take work.
@@ -89,6 +90,9 @@ def main():
     out = sys.argv[1]
     kill = sys.argv[3:5] if sys.argv[2:3] == ["--kill"] else []
     restarted = "--restarted" in sys.argv
+    in_flight = 1
+    if "--in-flight" in sys.argv:
+        in_flight = int(sys.argv[sys.argv.index("--in-flight") + 1])
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     rng = np.random.default_rng(0)
@@ -111,6 +115,7 @@ def main():
         steps_per_epoch=STEPS,
         callbacks=callbacks,
         verbose=2,
+        in_flight_per_worker=in_flight,
     )
     with open(out, "w") as f:
         json.dump(
