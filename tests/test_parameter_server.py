@@ -183,6 +183,30 @@ def test_two_in_flight_on_one_worker_apply_each_step_to_the_weights_it_read(
     assert result["iterations"] == 12
 
 
+def test_two_in_flight_keep_inf_nan_checks_and_validation(scenario):
+    # The nan batch (each epoch's second) is skipped, and the others apply
+    # to the weights they read, as SGD by hand skips it; validation runs on
+    # the epoch's applied weights.
+    result = scenario("in_flight")["sgd_inf_nan"]
+    assert result["weights"] < 1e-5
+    assert result["skipped"] == [1.0, 1.0]
+    assert result["staleness"] == [0, 1, 1, 1, 1, 1] * 2
+    assert abs(result["val_loss"] - result["evaluated"]) < 1e-6
+
+
+def test_two_agn_periods_in_flight_commit_changes_from_the_centers_read(
+    scenario,
+):
+    # Each period's local steps start from the centers it read (its
+    # position: period less its staleness), and its whole weight change is
+    # added to the centers, as by hand; fresh reads would differ.
+    result = scenario("in_flight")["agn"]
+    assert result["weights"] < 1e-5
+    assert result["staleness"] == [0, 1] * 2
+    assert result["fresh"] > 1e-3
+    assert result["rounds"] == [2.0, 4.0]
+
+
 @pytest.mark.parametrize("case", ["adam", "agn"])
 def test_backup_and_restore_resumes_as_if_uninterrupted(scenario, case):
     # Adam's state, or AGN's centers and outer momentum, and the epoch come

@@ -4,15 +4,16 @@ schedules work on the workers and applies its results, one at a time.
 The work is a step (`downpour.GradientSteps`: a plain optimizer's gradients
 of one batch) or a period (`agn_periods.AGNPeriods`: an `AGNOptimizer`'s
 local steps and commit). A worker reads the model's variables from the
-parameter servers and computes; the coordinator applies, in the order the
-work was scheduled. Applying on the coordinator serialises every optimizer
-update: Keras's `iterations` counter and stateful optimizers (Adam) see one
-update at a time, which updates applied on the workers do not (a
-`tf.CriticalSection` around Keras's `apply` hung;
+parameter servers, computes, and writes its result to a slot on a
+parameter server; the coordinator applies it there, in the order the work
+was scheduled, so that a result crosses the network once, as an update
+applied by the worker would. Applying under the coordinator serialises
+every optimizer update: Keras's `iterations` counter and stateful
+optimizers (Adam) see one update at a time, which updates applied by the
+workers do not (a `tf.CriticalSection` around Keras's `apply` hung;
 `docs/spikes/ps_commit_route.md`). Work that `ClusterCoordinator` runs
-again after a worker failed writes nothing to the parameter servers, so its
-result is applied once.
-"""
+again after a worker failed writes only its slot, so its result is applied
+once."""
 
 import collections
 import contextlib
@@ -49,40 +50,61 @@ class AsyncTraining:
         self._iterator = iter(
             self._coordinator.create_per_worker_dataset(dataset)
         )
+        # With one in flight per worker, a worker reads the variables again
+        # only after its last result was applied, so that staleness counts
+        # the other workers' updates, as in DOWNPOUR. With more, it computes
+        # the next while the coordinator applies the last
+        # (`ClusterCoordinator` runs a worker's functions one at a time).
+        self._in_flight = in_flight_per_worker * num_workers(strategy)
         with strategy.scope():
             # Results applied so far: the staleness of a result is how many
             # were applied between its read of the variables and its own.
             self._applied = tf.Variable(
                 tf.constant(0, "int64"), trainable=False, name="applied"
             )
+            # The results in flight, serialised, a slot each: scheduled
+            # function n writes slot n % window, which result n - window,
+            # applied before n was scheduled, no longer needs.
+            self._results = tf.Variable(
+                tf.fill([self._in_flight], ""), trainable=False, name="results"
+            )
         self.staleness = keras.metrics.Mean(name="staleness")
         self.max_staleness = _Max(name="max_staleness")
-        # With one in flight per worker, a worker reads the variables again
-        # only after its last result was applied, so that staleness counts
-        # the other workers' updates, as in DOWNPOUR. With more, it computes
-        # the next while the coordinator fetches and applies the last
-        # (`ClusterCoordinator` runs a worker's functions one at a time).
-        self._in_flight = in_flight_per_worker * num_workers(strategy)
         self._on_worker = tf.function(self._on_worker_fn)
         self._on_coordinator = tf.function(self._on_coordinator_fn)
 
-    def _on_worker_fn(self, iterator):
+    def _on_worker_fn(self, iterator, slot):
+        """Computes the next work on a worker and writes its result to
+        `slot`; returns `slot`."""
+
         def compute(iterator):
             read_at = self._applied.read_value()
             with tf.control_dependencies([read_at]):
-                return read_at, self.work.on_worker(iterator)
+                result = self.work.on_worker(iterator)
+            self._result = _OneTensor((read_at, result))
+            serialized = tf.io.serialize_tensor(self._result.packed)
+            written = self._results.scatter_update(
+                tf.IndexedSlices(serialized[None], slot[None])
+            )
+            with tf.control_dependencies([written]):
+                return tf.identity(slot)
 
-        self._result = _OneTensor(self._strategy.run(compute, args=(iterator,)))
-        return self._result.packed
+        return self._strategy.run(compute, args=(iterator,))
 
-    def _on_coordinator_fn(self, packed):
-        read_at, result = self._result.unpack(packed)
-        staleness = tf.cast(self._applied.read_value() - read_at, "float32")
-        # Outside the strategy's scope: Keras's `apply` merges in the default
-        # replica context, and the update runs where each variable lives.
-        logs = self.work.on_coordinator(result)
-        with tf.control_dependencies(tf.nest.flatten(logs)):
-            self._applied.assign_add(1)
+    def _on_coordinator_fn(self, slot):
+        """Applies the result in `slot`; returns the logs."""
+        # Where the result is: the gradients (or commit) are applied there,
+        # and only the logs come back. Outside the strategy's scope: Keras's
+        # `apply` merges in the default replica context.
+        with tf.device(self._results.device):
+            packed = tf.io.parse_tensor(
+                tf.gather(self._results, slot), tf.string
+            )
+            read_at, result = self._result.unpack(packed)
+            staleness = tf.cast(self._applied.read_value() - read_at, "float32")
+            logs = self.work.on_coordinator(result)
+            with tf.control_dependencies(tf.nest.flatten(logs)):
+                self._applied.assign_add(1)
         self.staleness.update_state(staleness)
         self.max_staleness.update_state(staleness)
         logs["staleness"] = self.staleness.result()
@@ -122,9 +144,10 @@ class AsyncTraining:
         logs = {}
         for call in range(calls):
             while scheduled < calls and len(pending) < self._in_flight:
+                slot = tf.constant(scheduled % self._in_flight)
                 pending.append(
                     self._coordinator.schedule(
-                        self._on_worker, args=(self._iterator,)
+                        self._on_worker, args=(self._iterator, slot)
                     )
                 )
                 scheduled += 1
@@ -155,12 +178,12 @@ def check_in_flight_per_worker(value):
 
 
 class _OneTensor:
-    """A worker's result as one string tensor, its values serialised: the
-    coordinator fetches it in one round trip, not one per value (at a
-    communication period of 16, a third of the time per step).
+    """A worker's result as one string tensor, its values serialised: it
+    travels in one round trip, not one per value (at a communication period
+    of 16, a third of the time per step).
 
     Made where the result is traced, on the worker; `unpack` gives the
-    result back where the coordinator's function is traced. None (no
+    result back where it is applied. None (no
     sample weights, a missing gradient) is not sent; composite tensors
     (`IndexedSlices`) are sent as their parts.
     """

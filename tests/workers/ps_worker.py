@@ -312,24 +312,47 @@ class StalenessOfEachStep(keras.callbacks.Callback):
         self.mean = mean
 
 
-def replayed(start, reads, optimizer):
+def replayed(start, reads, optimizer, batches=None):
     """A plain model from `start`, its step n's gradients taken at the
-    weights after `reads[n]` updates (each epoch's batches in order, as a
-    worker iterates them), applied by `optimizer()` in turn."""
+    weights after `reads[n]` updates (each epoch's `batches` in order, as a
+    worker iterates them), applied by `optimizer()` in turn; a step whose
+    loss is not finite is skipped, as `InfNanCheck` skips it."""
     plain, reader = functional(keras.Model), functional(keras.Model)
     plain.set_weights(start)
     optimizer = optimizer()
     loss = keras.losses.MeanSquaredError()
-    batches, after = list(dataset()), [start]
+    batches, after = list(batches or dataset()), [start]
     for n, read in enumerate(reads):
         reader.set_weights(after[read])
         x, y = batches[n % STEPS]
         with tf.GradientTape() as tape:
             value = loss(y, reader(x))
         grads = tape.gradient(value, reader.trainable_variables)
-        optimizer.apply_gradients(zip(grads, plain.trainable_variables))
+        if np.isfinite(float(value)):
+            optimizer.apply_gradients(zip(grads, plain.trainable_variables))
         after.append(plain.get_weights())
     return plain.get_weights()
+
+
+def replayed_periods(start, reads, period):
+    """`weight_change_agn` by hand: period n's local SGD steps start from
+    the centers after `reads[n]` commits, and its weight change is added to
+    the centers."""
+    local = functional(keras.Model)
+    loss = keras.losses.MeanSquaredError()
+    batches, after = list(dataset()), [start]
+    for n, read in enumerate(reads):
+        local.set_weights(after[read])
+        sgd = keras.optimizers.SGD(0.05)
+        for k in range(period):
+            x, y = batches[(n * period + k) % STEPS]
+            with tf.GradientTape() as tape:
+                value = loss(y, local(x))
+            grads = tape.gradient(value, local.trainable_variables)
+            sgd.apply_gradients(zip(grads, local.trainable_variables))
+        change = [e - p for e, p in zip(local.get_weights(), after[read])]
+        after.append([c + d for c, d in zip(after[-1], change)])
+    return after[-1]
 
 
 class SlowToApply(keras.callbacks.Callback):
@@ -340,42 +363,106 @@ class SlowToApply(keras.callbacks.Callback):
         time.sleep(0.2)
 
 
+def fit_two_in_flight(strategy, make, optimizer, data, **kwargs):
+    """`make()` compiled with `optimizer()`, trained on `data` with 2 in
+    flight on 1 worker and a coordinator slow to apply; the model, its
+    history and each step's read position (from its staleness)."""
+    with strategy.scope():
+        model = make()
+        model.compile(optimizer(), "mse")
+    start = model.get_weights()
+    staleness = StalenessOfEachStep()
+    callbacks = [SlowToApply(), staleness, *kwargs.pop("callbacks", [])]
+    history = model.fit(
+        data,
+        epochs=EPOCHS,
+        steps_per_epoch=STEPS,
+        callbacks=callbacks,
+        verbose=0,
+        in_flight_per_worker=2,
+        **kwargs,
+    )
+    reads = [n - s for n, s in enumerate(staleness.values)]
+    return model, history, start, reads
+
+
 def in_flight(strategy):
     """2 in flight on 1 worker, a coordinator slow to apply: each step's
-    read position (from its staleness), and SGD and Adam replayed by hand
-    on those reads."""
+    (period's) read position, from its staleness, and SGD, Adam, SGD with
+    InfNanCheck and a nan batch, and AGN replayed by hand on those reads."""
     optimizers = {
         "sgd": lambda: keras.optimizers.SGD(0.05),
         "adam": lambda: keras.optimizers.Adam(0.01),
     }
     results = {}
     for name, optimizer in optimizers.items():
-        with strategy.scope():
-            model = functional(keras_clones.CloneModel)
-            model.compile(optimizer(), "mse")
-        start = model.get_weights()
-        staleness = StalenessOfEachStep()
-        history = model.fit(
+        model, history, start, reads = fit_two_in_flight(
+            strategy,
+            lambda: functional(keras_clones.CloneModel),
+            optimizer,
             dataset(),
-            epochs=EPOCHS,
-            steps_per_epoch=STEPS,
-            callbacks=[SlowToApply(), staleness],
-            verbose=0,
-            in_flight_per_worker=2,
         )
-        reads = [n - s for n, s in enumerate(staleness.values)]
-        expected = replayed(start, reads, optimizer)
         results[name] = {
-            "weights": max_difference(model.get_weights(), expected),
+            "weights": max_difference(
+                model.get_weights(), replayed(start, reads, optimizer)
+            ),
             "fresh": max_difference(
                 model.get_weights(),
                 replayed(start, range(len(reads)), optimizer),
             ),
-            "staleness": staleness.values,
+            "staleness": [n - r for n, r in enumerate(reads)],
             "max_staleness": history.history["max_staleness"],
             "iterations": int(model.optimizer.iterations.numpy()),
         }
+    results["sgd_inf_nan"] = in_flight_inf_nan(strategy, optimizers["sgd"])
+    results["agn"] = in_flight_agn(strategy)
     return results
+
+
+def in_flight_inf_nan(strategy, optimizer):
+    """SGD with InfNanCheck, a nan batch each epoch and validation."""
+    x, y = data()
+    y[10] = np.nan  # The second batch of every epoch.
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    model, history, start, reads = fit_two_in_flight(
+        strategy,
+        lambda: functional(keras_clones.CloneModel),
+        optimizer,
+        batches,
+        callbacks=[keras_clones.callbacks.InfNanCheck()],
+        validation_data=dataset(),
+    )
+    return {
+        "weights": max_difference(
+            model.get_weights(), replayed(start, reads, optimizer, batches)
+        ),
+        "staleness": [n - r for n, r in enumerate(reads)],
+        "skipped": history.history["skipped_steps"],
+        "val_loss": history.history["val_loss"][-1],
+        "evaluated": model.evaluate(dataset(), verbose=0),
+    }
+
+
+def in_flight_agn(strategy):
+    """AGN (`weight_change_agn`, a period of 3), 2 periods in flight."""
+    model, history, start, reads = fit_two_in_flight(
+        strategy,
+        lambda: functional(keras_clones.CloneModel),
+        weight_change_agn,
+        dataset(),
+    )
+    period = model.optimizer.communication_period
+    return {
+        "weights": max_difference(
+            model.get_weights(), replayed_periods(start, reads, period)
+        ),
+        "fresh": max_difference(
+            model.get_weights(),
+            replayed_periods(start, range(len(reads)), period),
+        ),
+        "staleness": [n - r for n, r in enumerate(reads)],
+        "rounds": history.history["communication_rounds"],
+    }
 
 
 class InterruptAtEpoch(keras.callbacks.Callback):
