@@ -12,9 +12,9 @@ and 4 workers:
    coordinator keeps K steps in flight per worker through
    `ClusterCoordinator` (`fit(in_flight_per_worker=K)`, K in `--in-flight`,
    1, 2 and 4; names without K are K=1); a worker reads the weights from
-   the parameter server and computes one batch's gradients; the
-   coordinator fetches them and applies them with the Keras optimizer, one
-   step after another;
+   the parameter server, computes one batch's gradients and writes them to
+   a slot there; the coordinator applies them there with the Keras
+   optimizer, one step after another;
 2. `AGN(10) PS Nw`: the same, compiled with
    `AGNOptimizer(SGD(0.01, momentum=0.9), communication_period=10)`: a
    scheduled function is one worker's period of 10 local steps on its own

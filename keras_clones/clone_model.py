@@ -567,7 +567,7 @@ class CloneModel(DeprecatedHalves, keras.Model):
                 scheduled functions (steps; with an `AGNOptimizer`,
                 communication periods) each worker may have in flight: with
                 2 or more, a worker computes its next one while the
-                coordinator fetches and applies the last, and a result may
+                coordinator applies the last, and a result may
                 be up to `in_flight_per_worker * workers - 1` updates
                 stale (the logs' `staleness` and `max_staleness`). The
                 default, 1, waits for each worker's result to be applied
