@@ -16,9 +16,10 @@ WORKER = pathlib.Path(__file__).parent / "workers" / "ps_worker.py"
 
 
 # The scenarios, in groups that each share a cluster (one child process,
-# bounded in time): (workers, scenario names).
+# bounded in time): (workers, parameter servers, scenario names).
 GROUPS = (
     (
+        1,
         1,
         (
             "one_worker",
@@ -29,8 +30,9 @@ GROUPS = (
             "in_flight",
         ),
     ),
-    (1, ("agn_inner_optimizers",)),
-    (2, ("two_workers", "refusals")),
+    (1, 1, ("agn_inner_optimizers",)),
+    (2, 1, ("two_workers", "refusals")),
+    (1, 2, ("two_parameter_servers",)),
 )
 
 
@@ -43,9 +45,9 @@ def scenario(tmp_path_factory):
     def run(name):
         path = out / f"{name}.json"
         if not path.exists():
-            workers, names = next(g for g in GROUPS if name in g[1])
+            workers, ps, names = next(g for g in GROUPS if name in g[2])
             done = subprocess.run(
-                [sys.executable, str(WORKER), str(workers), *names],
+                [sys.executable, str(WORKER), str(workers), str(ps), *names],
                 capture_output=True,
                 text=True,
                 env=dict(os.environ, KERAS_BACKEND="tensorflow", OUT=str(out)),
@@ -205,6 +207,17 @@ def test_two_agn_periods_in_flight_commit_changes_from_the_centers_read(
     assert result["staleness"] == [0, 1] * 2
     assert result["fresh"] > 1e-3
     assert result["rounds"] == [2.0, 4.0]
+
+
+@pytest.mark.parametrize("case", ["sgd_momentum", "adam", "agn"])
+def test_variables_on_two_parameter_servers_train_as_in_one_process(
+    scenario, case
+):
+    # The model's variables on both servers; results are applied where the
+    # worker wrote them, on one of them: 1 worker against one process.
+    result = scenario("two_parameter_servers")
+    assert result["servers"] == 2
+    assert result[case] < 1e-6
 
 
 @pytest.mark.parametrize("case", ["adam", "agn"])

@@ -1,8 +1,8 @@
 """Parameter-server training in a child process; see
 tests/test_parameter_server.py.
 
-`OUT=DIR python ps_worker.py WORKERS SCENARIO...` starts an in-process
-cluster (1 parameter server and WORKERS workers, 2 CPUs each), runs each
+`OUT=DIR python ps_worker.py WORKERS PS SCENARIO...` starts an in-process
+cluster (PS parameter servers and WORKERS workers, 2 CPUs each), runs each
 scenario on it, and writes what the test asserts to DIR/SCENARIO.json.
 The references (one process, no strategy) run here too, on the same
 batches.
@@ -814,6 +814,36 @@ def agn_inner_optimizers(strategy):
     return results
 
 
+def two_parameter_servers(strategy):
+    """SGD with momentum, Adam and AGN (`weight_change_agn`: plain SGD with
+    one worker) on 1 worker, the variables spread over 2 parameter
+    servers, against one process: the largest weight differences."""
+    x, y = data()
+    optimizers = {
+        "sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+        "adam": lambda: keras.optimizers.Adam(0.01),
+        "agn": weight_change_agn,
+    }
+    results = {}
+    for name, optimizer in optimizers.items():
+        with strategy.scope():
+            model = functional(keras_clones.CloneModel)
+            model.compile(optimizer(), "mse")
+        results["servers"] = len(
+            {v.value.device for v in model.trainable_variables}
+        )
+        model.fit(dataset(), epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0)
+        plain = functional(keras.Model)
+        plain.compile(
+            keras.optimizers.SGD(0.05) if name == "agn" else optimizer(), "mse"
+        )
+        plain.fit(
+            x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0
+        )
+        results[name] = max_difference(model.get_weights(), plain.get_weights())
+    return results
+
+
 SCENARIOS = {
     "one_worker": one_worker,
     "agn_inner_optimizers": agn_inner_optimizers,
@@ -824,15 +854,17 @@ SCENARIOS = {
     "two_workers": two_workers,
     "refusals": refusals,
     "in_flight": in_flight,
+    "two_parameter_servers": two_parameter_servers,
 }
 
 if __name__ == "__main__":
     # One cluster for all the scenarios named (a process has one).
-    workers = int(sys.argv[1])
-    strategy = tf.distribute.ParameterServerStrategy(
-        InProcessCluster(num_workers=workers, cpus_per_server=2).resolver
+    workers, ps = int(sys.argv[1]), int(sys.argv[2])
+    cluster = InProcessCluster(
+        num_workers=workers, num_ps=ps, cpus_per_server=2
     )
-    for scenario in sys.argv[2:]:
+    strategy = tf.distribute.ParameterServerStrategy(cluster.resolver)
+    for scenario in sys.argv[3:]:
         results = SCENARIOS[scenario](strategy)
         path = os.path.join(os.environ["OUT"], f"{scenario}.json")
         with open(path, "w") as f:
