@@ -4,8 +4,9 @@ global centers.
 
 `AGNOptimizer` (one process and across workers) and the parameter-server
 periods (`parameter_server.agn_periods`) both use a `CommitRule`; how the
-commits travel (an all-reduce, or a worker's result fetched by the
-coordinator) and whether a guard skips the move is theirs.
+commits travel (an all-reduce, or a worker's result written to a
+parameter server, where the coordinator applies it) and whether a guard
+skips the move is theirs.
 """
 
 import typing

@@ -28,6 +28,7 @@ GROUPS = (
             "inf_nan",
             "sparse",
             "in_flight",
+            "overwritten",
         ),
     ),
     (1, 1, ("agn_inner_optimizers",)),
@@ -207,6 +208,18 @@ def test_two_agn_periods_in_flight_commit_changes_from_the_centers_read(
     assert result["staleness"] == [0, 1] * 2
     assert result["fresh"] > 1e-3
     assert result["rounds"] == [2.0, 4.0]
+
+
+def test_a_result_overwritten_before_it_is_applied_stops_fit_applying_nothing(
+    scenario,
+):
+    # Step 3's slot holds step 2's result again when step 3 is applied:
+    # `fit` raises, and only steps 0-2 were applied.
+    result = scenario("overwritten")
+    assert result["raised"].startswith(
+        "Parameter-server training stopped: a result was overwritten"
+    )
+    assert result["iterations"] == 3
 
 
 @pytest.mark.parametrize("case", ["sgd_momentum", "adam", "agn"])

@@ -1,13 +1,14 @@
 """Asynchronous AGN: a worker takes a period's local steps on its own copy
-of the centers, the coordinator applies its commit.
+of the centers; its commit is applied under the coordinator.
 
 Each scheduled function is one communication period on one worker: it
 reads the global centers from the parameter servers, takes
 `communication_period` inner steps on tensors (`inner_optimizer`: Keras's
-own, with the worker's own inner-optimizer state), and returns the commit of the
+own, with the worker's own inner-optimizer state), and sends the commit of the
 `AGNOptimizer`'s rule (the period's gradients or weight change, divided by
 the period if `normalize`, in `communication_dtype`) with each step's
-predictions for the logs. The coordinator applies the commit with
+predictions for the logs (`training.AsyncTraining` writes it to a
+parameter server). The coordinator applies the commit there with
 `AGNOptimizer.apply_commit` (the outer optimizer, one commit at a time),
 through the model's step hooks. With a guard in the hooks (`InfNanCheck`),
 a worker keeps its copy as it was after a local step whose loss or

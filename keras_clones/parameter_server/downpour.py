@@ -21,6 +21,7 @@ class GradientSteps:
         return self.model.compute(next(iterator))._replace(x=None)
 
     def on_coordinator(self, result):
-        """On the coordinator: the step's update (its moved state too),
-        through the step hooks, and the logs."""
+        """Under the coordinator, where the result was written: the step's
+        update (its moved state too), through the step hooks, and the
+        logs."""
         return self.model.log(result, self.model.apply(result))

@@ -4,19 +4,23 @@ schedules work on the workers and applies its results, one at a time.
 The work is a step (`downpour.GradientSteps`: a plain optimizer's gradients
 of one batch) or a period (`agn_periods.AGNPeriods`: an `AGNOptimizer`'s
 local steps and commit). A worker reads the model's variables from the
-parameter servers, computes, and writes its result to a slot on a
-parameter server; the coordinator applies it there, in the order the work
-was scheduled, so that a result crosses the network once, as an update
-applied by the worker would. Applying under the coordinator serialises
-every optimizer update: Keras's `iterations` counter and stateful
-optimizers (Adam) see one update at a time, which updates applied by the
-workers do not (a `tf.CriticalSection` around Keras's `apply` hung;
-`docs/spikes/ps_commit_route.md`). Work that `ClusterCoordinator` runs
-again after a worker failed writes only its slot, so its result is applied
-once."""
+parameter servers, computes, and writes its result, numbered, to a slot on
+the parameter server of the largest variable; the coordinator applies it
+there, in the order the work was scheduled, so that a result crosses the
+network once, as an update applied by the worker would (with one
+parameter server; with several, the other servers' shares once more).
+Applying under the coordinator serialises every optimizer update: Keras's
+`iterations` counter and stateful optimizers (Adam) see one update at a
+time, which updates applied by the workers do not (a `tf.CriticalSection`
+around Keras's `apply` hung; `docs/spikes/ps_commit_route.md`). Work that
+`ClusterCoordinator` runs again after a worker failed writes only its
+slot, so its result is applied once; a run it gave up on that still writes
+after the slot was reused is caught by the number, and `fit` stops with
+nothing of it applied."""
 
 import collections
 import contextlib
+import math
 import numbers
 
 import keras
@@ -56,55 +60,73 @@ class AsyncTraining:
         # the next while the coordinator applies the last
         # (`ClusterCoordinator` runs a worker's functions one at a time).
         self._in_flight = in_flight_per_worker * num_workers(strategy)
+        self._scheduled = 0  # Scheduled functions in this `fit`.
         with strategy.scope():
             # Results applied so far: the staleness of a result is how many
             # were applied between its read of the variables and its own.
             self._applied = tf.Variable(
                 tf.constant(0, "int64"), trainable=False, name="applied"
             )
-            # The results in flight, serialised, a slot each: scheduled
-            # function n writes slot n % window, which result n - window,
-            # applied before n was scheduled, no longer needs.
-            self._results = tf.Variable(
-                tf.fill([self._in_flight], ""), trainable=False, name="results"
-            )
+            # The results in flight, serialised, a slot each, beside the
+            # largest variable: scheduled function n writes slot n % window,
+            # which result n - window, applied before n was scheduled, no
+            # longer needs.
+            with _beside_largest(strategy, model.trainable_variables):
+                self._results = tf.Variable(
+                    tf.fill([self._in_flight], ""),
+                    trainable=False,
+                    name="results",
+                )
         self.staleness = keras.metrics.Mean(name="staleness")
         self.max_staleness = _Max(name="max_staleness")
         self._on_worker = tf.function(self._on_worker_fn)
         self._on_coordinator = tf.function(self._on_coordinator_fn)
 
-    def _on_worker_fn(self, iterator, slot):
-        """Computes the next work on a worker and writes its result to
-        `slot`; returns `slot`."""
+    def _on_worker_fn(self, iterator, number):
+        """Computes scheduled function `number`'s work on a worker and
+        writes its result, numbered, to its slot."""
 
         def compute(iterator):
             read_at = self._applied.read_value()
             with tf.control_dependencies([read_at]):
                 result = self.work.on_worker(iterator)
-            self._result = _OneTensor((read_at, result))
+            self._result = _OneTensor((number, read_at, result))
             serialized = tf.io.serialize_tensor(self._result.packed)
+            slot = number % self._in_flight
             written = self._results.scatter_update(
                 tf.IndexedSlices(serialized[None], slot[None])
             )
             with tf.control_dependencies([written]):
-                return tf.identity(slot)
+                return tf.identity(number)
 
         return self._strategy.run(compute, args=(iterator,))
 
-    def _on_coordinator_fn(self, slot):
-        """Applies the result in `slot`; returns the logs."""
+    def _on_coordinator_fn(self, number):
+        """Applies scheduled function `number`'s result; returns the
+        logs."""
         # Where the result is: the gradients (or commit) are applied there,
         # and only the logs come back. Outside the strategy's scope: Keras's
         # `apply` merges in the default replica context.
         with tf.device(self._results.device):
             packed = tf.io.parse_tensor(
-                tf.gather(self._results, slot), tf.string
+                tf.gather(self._results, number % self._in_flight), tf.string
             )
-            read_at, result = self._result.unpack(packed)
-            staleness = tf.cast(self._applied.read_value() - read_at, "float32")
-            logs = self.work.on_coordinator(result)
-            with tf.control_dependencies(tf.nest.flatten(logs)):
-                self._applied.assign_add(1)
+            # A run of an earlier function that `ClusterCoordinator` gave up
+            # on may write after its slot was reused: apply nothing then.
+            written = tf.io.parse_tensor(packed[0], "int64")  # Packed first.
+            check = tf.debugging.assert_equal(
+                written, number, message=_OVERWRITTEN
+            )
+            # Every op of the update waits for the check (Keras's counters
+            # too, which no data of the result feeds).
+            with tf.control_dependencies([check]):
+                _, read_at, result = self._result.unpack(packed)
+                staleness = tf.cast(
+                    self._applied.read_value() - read_at, "float32"
+                )
+                logs = self.work.on_coordinator(result)
+                with tf.control_dependencies(tf.nest.flatten(logs)):
+                    self._applied.assign_add(1)
         self.staleness.update_state(staleness)
         self.max_staleness.update_state(staleness)
         logs["staleness"] = self.staleness.result()
@@ -144,19 +166,47 @@ class AsyncTraining:
         logs = {}
         for call in range(calls):
             while scheduled < calls and len(pending) < self._in_flight:
-                slot = tf.constant(scheduled % self._in_flight)
+                number = tf.constant(self._scheduled, "int64")
                 pending.append(
                     self._coordinator.schedule(
-                        self._on_worker, args=(self._iterator, slot)
+                        self._on_worker, args=(self._iterator, number)
                     )
                 )
                 scheduled += 1
+                self._scheduled += 1
             callbacks.on_train_batch_begin(call * per_call)
-            logs = self._on_coordinator(pending.popleft().get())
+            logs = self._apply(pending.popleft().get())
             callbacks.on_train_batch_end((call + 1) * per_call - 1, logs)
             if self.model.stop_training:
                 break
         return logs
+
+    def _apply(self, number):
+        """`_on_coordinator(number)`, a late overwrite as a clear error."""
+        try:
+            return self._on_coordinator(number)
+        except tf.errors.InvalidArgumentError as e:
+            if _OVERWRITTEN not in e.message:
+                raise
+            raise RuntimeError(_OVERWRITTEN) from e
+
+
+_OVERWRITTEN = (
+    "Parameter-server training stopped: a result was overwritten before "
+    "it was applied (a worker that the coordinator had given up on wrote "
+    "late), so a step would have been lost. Nothing of it was applied. "
+    "Run `fit` again; with `keras.callbacks.BackupAndRestore`, training "
+    "resumes from the last backup."
+)
+
+
+def _beside_largest(strategy, variables):
+    """A scope that places new variables on the parameter server of the
+    largest of `variables` (whose update moves the most bytes)."""
+    if not variables:
+        return contextlib.nullcontext()
+    largest = max(variables, key=lambda v: math.prod(v.shape))
+    return strategy.extended.colocate_vars_with(largest.value)
 
 
 def check_in_flight_per_worker(value):
@@ -178,9 +228,10 @@ def check_in_flight_per_worker(value):
 
 
 class _OneTensor:
-    """A worker's result as one string tensor, its values serialised: it
-    travels in one round trip, not one per value (at a communication period
-    of 16, a third of the time per step).
+    """A worker's result as one string tensor, its values serialised: one
+    write to the parameter server (and, before, one fetch: a round trip a
+    value had cost a third of the time per step at a communication period
+    of 16).
 
     Made where the result is traced, on the worker; `unpack` gives the
     result back where it is applied. None (no

@@ -814,6 +814,40 @@ def agn_inner_optimizers(strategy):
     return results
 
 
+def overwritten(strategy):
+    """A late write, as from a run that `ClusterCoordinator` gave up on:
+    step 2's result written again to the slot of step 3 after step 3
+    wrote it (1 worker, 1 in flight: one slot). What `fit` raised, and the
+    updates applied."""
+    from keras_clones.parameter_server import training
+
+    apply = training.AsyncTraining._apply
+    saved = {}
+
+    def late_write(self, number):
+        if int(number) == 3:
+            self._results.assign(saved["step 2"])
+        logs = apply(self, number)
+        saved[f"step {int(number)}"] = self._results.read_value()
+        return logs
+
+    with strategy.scope():
+        model = functional(keras_clones.CloneModel)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    training.AsyncTraining._apply = late_write
+    try:
+        model.fit(dataset(), epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0)
+        raised = "no error"
+    except RuntimeError as e:
+        raised = str(e)
+    finally:
+        training.AsyncTraining._apply = apply
+    return {
+        "raised": raised,
+        "iterations": int(model.optimizer.iterations.numpy()),
+    }
+
+
 def two_parameter_servers(strategy):
     """SGD with momentum, Adam and AGN (`weight_change_agn`: plain SGD with
     one worker) on 1 worker, the variables spread over 2 parameter
@@ -855,6 +889,7 @@ SCENARIOS = {
     "refusals": refusals,
     "in_flight": in_flight,
     "two_parameter_servers": two_parameter_servers,
+    "overwritten": overwritten,
 }
 
 if __name__ == "__main__":
