@@ -186,6 +186,12 @@ def test_two_in_flight_on_one_worker_apply_each_step_to_the_weights_it_read(
     assert result["iterations"] == 12
 
 
+def test_a_stopped_fit_applies_nothing_still_in_flight(scenario):
+    # Stopped after step 2 (the third) with 2 in flight: step 3, computed
+    # meanwhile, is not applied; the next `fit` applies its own 12 steps.
+    assert scenario("in_flight")["stopped"] == [3, 15]
+
+
 def test_two_in_flight_keep_inf_nan_checks_and_validation(scenario):
     # The nan batch (each epoch's second) is skipped, and the others apply
     # to the weights they read, as SGD by hand skips it; validation runs on

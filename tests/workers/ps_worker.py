@@ -414,9 +414,40 @@ def in_flight(strategy):
             "max_staleness": history.history["max_staleness"],
             "iterations": int(model.optimizer.iterations.numpy()),
         }
+    results["stopped"] = in_flight_stopped(strategy)
     results["sgd_inf_nan"] = in_flight_inf_nan(strategy, optimizers["sgd"])
     results["agn"] = in_flight_agn(strategy)
     return results
+
+
+class StopAfterBatch(keras.callbacks.Callback):
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            self.model.stop_training = True
+
+
+def in_flight_stopped(strategy):
+    """Stopped after step 2 with 2 in flight, then a `fit` of 2 epochs:
+    the updates applied after each."""
+    with strategy.scope():
+        model = functional(keras_clones.CloneModel)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    counts = []
+    for callbacks in ([SlowToApply(), StopAfterBatch(2)], []):
+        model.fit(
+            dataset(),
+            epochs=EPOCHS,
+            steps_per_epoch=STEPS,
+            callbacks=callbacks,
+            verbose=0,
+            in_flight_per_worker=2,
+        )
+        counts.append(int(model.optimizer.iterations.numpy()))
+    return counts
 
 
 def in_flight_inf_nan(strategy, optimizer):
