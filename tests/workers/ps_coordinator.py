@@ -64,9 +64,11 @@ class Kill(keras.callbacks.Callback):
 
 def workers_taking_work(strategy, calls=40, attempts=30):
     """How many workers run some of `calls` scheduled functions (counted in
-    per-worker variables), once a restarted worker is back (its server
-    takes seconds to start)."""
+    per-worker variables), tried until every worker does: a restarted
+    worker's server takes seconds to start, and a worker just back may take
+    none of a round on a loaded machine."""
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    taking = 0
     for _ in range(attempts):
         with strategy.scope():
             count = tf.Variable(0, per_worker_variable=True)
@@ -80,10 +82,14 @@ def workers_taking_work(strategy, calls=40, attempts=30):
             coordinator.schedule(work)
         coordinator.join()
         try:
-            return sum(int(c.numpy()) > 0 for c in count.read_all())
+            values = count.read_all()
+            taking = sum(int(c.numpy()) > 0 for c in values)
+            if taking == len(values):
+                return taking
         except tf.errors.CancelledError:  # A worker not back yet.
-            time.sleep(2)
-    return 1
+            pass
+        time.sleep(2)
+    return taking
 
 
 def main():
