@@ -312,6 +312,15 @@ class StalenessOfEachStep(keras.callbacks.Callback):
         self.mean = mean
 
 
+def mse_gradients(model, batch):
+    """The mean squared error of `model` on `batch` (x, y), and its
+    gradients with respect to the trainable variables."""
+    x, y = batch
+    with tf.GradientTape() as tape:
+        value = keras.losses.MeanSquaredError()(y, model(x))
+    return value, tape.gradient(value, model.trainable_variables)
+
+
 def replayed(start, reads, optimizer, batches=None):
     """A plain model from `start`, its step n's gradients taken at the
     weights after `reads[n]` updates (each epoch's `batches` in order, as a
@@ -320,14 +329,10 @@ def replayed(start, reads, optimizer, batches=None):
     plain, reader = functional(keras.Model), functional(keras.Model)
     plain.set_weights(start)
     optimizer = optimizer()
-    loss = keras.losses.MeanSquaredError()
     batches, after = list(batches or dataset()), [start]
     for n, read in enumerate(reads):
         reader.set_weights(after[read])
-        x, y = batches[n % STEPS]
-        with tf.GradientTape() as tape:
-            value = loss(y, reader(x))
-        grads = tape.gradient(value, reader.trainable_variables)
+        value, grads = mse_gradients(reader, batches[n % STEPS])
         if np.isfinite(float(value)):
             optimizer.apply_gradients(zip(grads, plain.trainable_variables))
         after.append(plain.get_weights())
@@ -339,16 +344,12 @@ def replayed_periods(start, reads, period):
     the centers after `reads[n]` commits, and its weight change is added to
     the centers."""
     local = functional(keras.Model)
-    loss = keras.losses.MeanSquaredError()
     batches, after = list(dataset()), [start]
     for n, read in enumerate(reads):
         local.set_weights(after[read])
         sgd = keras.optimizers.SGD(0.05)
         for k in range(period):
-            x, y = batches[(n * period + k) % STEPS]
-            with tf.GradientTape() as tape:
-                value = loss(y, local(x))
-            grads = tape.gradient(value, local.trainable_variables)
+            _, grads = mse_gradients(local, batches[(n * period + k) % STEPS])
             sgd.apply_gradients(zip(grads, local.trainable_variables))
         change = [e - p for e, p in zip(local.get_weights(), after[read])]
         after.append([c + d for c, d in zip(after[-1], change)])
@@ -363,12 +364,13 @@ class SlowToApply(keras.callbacks.Callback):
         time.sleep(0.2)
 
 
-def fit_two_in_flight(strategy, make, optimizer, data, **kwargs):
-    """`make()` compiled with `optimizer()`, trained on `data` with 2 in
-    flight on 1 worker and a coordinator slow to apply; the model, its
-    history and each step's read position (from its staleness)."""
+def fit_two_in_flight(strategy, optimizer, data, **kwargs):
+    """A functional CloneModel compiled with `optimizer()`, trained on
+    `data` with 2 in flight on 1 worker and a coordinator slow to apply;
+    the model, its history, its start weights, each step's read position
+    (from its staleness) and that staleness."""
     with strategy.scope():
-        model = make()
+        model = functional(keras_clones.CloneModel)
         model.compile(optimizer(), "mse")
     start = model.get_weights()
     staleness = StalenessOfEachStep()
@@ -383,7 +385,7 @@ def fit_two_in_flight(strategy, make, optimizer, data, **kwargs):
         **kwargs,
     )
     reads = [n - s for n, s in enumerate(staleness.values)]
-    return model, history, start, reads
+    return model, history, start, reads, staleness.values
 
 
 def in_flight(strategy):
@@ -396,11 +398,8 @@ def in_flight(strategy):
     }
     results = {}
     for name, optimizer in optimizers.items():
-        model, history, start, reads = fit_two_in_flight(
-            strategy,
-            lambda: functional(keras_clones.CloneModel),
-            optimizer,
-            dataset(),
+        model, history, start, reads, staleness = fit_two_in_flight(
+            strategy, optimizer, dataset()
         )
         results[name] = {
             "weights": max_difference(
@@ -410,7 +409,7 @@ def in_flight(strategy):
                 model.get_weights(),
                 replayed(start, range(len(reads)), optimizer),
             ),
-            "staleness": [n - r for n, r in enumerate(reads)],
+            "staleness": staleness,
             "max_staleness": history.history["max_staleness"],
             "iterations": int(model.optimizer.iterations.numpy()),
         }
@@ -455,9 +454,8 @@ def in_flight_inf_nan(strategy, optimizer):
     x, y = data()
     y[10] = np.nan  # The second batch of every epoch.
     batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
-    model, history, start, reads = fit_two_in_flight(
+    model, history, start, reads, staleness = fit_two_in_flight(
         strategy,
-        lambda: functional(keras_clones.CloneModel),
         optimizer,
         batches,
         callbacks=[keras_clones.callbacks.InfNanCheck()],
@@ -467,7 +465,7 @@ def in_flight_inf_nan(strategy, optimizer):
         "weights": max_difference(
             model.get_weights(), replayed(start, reads, optimizer, batches)
         ),
-        "staleness": [n - r for n, r in enumerate(reads)],
+        "staleness": staleness,
         "skipped": history.history["skipped_steps"],
         "val_loss": history.history["val_loss"][-1],
         "evaluated": model.evaluate(dataset(), verbose=0),
@@ -476,11 +474,8 @@ def in_flight_inf_nan(strategy, optimizer):
 
 def in_flight_agn(strategy):
     """AGN (`weight_change_agn`, a period of 3), 2 periods in flight."""
-    model, history, start, reads = fit_two_in_flight(
-        strategy,
-        lambda: functional(keras_clones.CloneModel),
-        weight_change_agn,
-        dataset(),
+    model, history, start, reads, staleness = fit_two_in_flight(
+        strategy, weight_change_agn, dataset()
     )
     period = model.optimizer.communication_period
     return {
@@ -491,7 +486,7 @@ def in_flight_agn(strategy):
             model.get_weights(),
             replayed_periods(start, range(len(reads)), period),
         ),
-        "staleness": [n - r for n, r in enumerate(reads)],
+        "staleness": staleness,
         "rounds": history.history["communication_rounds"],
     }
 
