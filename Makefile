@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: setup demo test test-bench format bench bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap clean conformance
+.PHONY: setup demo test test-fast test-bench format bench bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,22 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/python examples/train_digits.py
 
+# The timing-sensitive tests (marked alone) first, beside nothing; then
+# the rest on two pytest-xdist workers (CI has 2 cores), the tests that
+# start clusters of processes in one group, one after another; the 15
+# slowest tests last.
+PYTEST := $(BIN)/python -m pytest
+PARALLEL := -n 2 --dist loadgroup
+
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest
+	$(PYTEST) -m alone
+	$(PYTEST) $(PARALLEL) -m "not alone" --durations=15
+
+# The edit loop: the in-process tests only (no clusters of processes).
+test-fast: setup
+	$(PYTEST) $(PARALLEL) -m "not cluster and not alone"
 
 # The benchmarks' slow --quick smoke runs, left out of `make test`.
 test-bench: setup

@@ -10,6 +10,9 @@ import sys
 
 import pytest
 
+# One group under pytest-xdist: two clusters never share the cores.
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
+
 COORDINATOR = pathlib.Path(__file__).parent / "workers" / "ps_coordinator.py"
 # 4 epochs of 12 steps, AGN with a period of 3.
 PERIODS = 16

@@ -11,6 +11,9 @@ import time
 import numpy as np
 import pytest
 
+# One group under pytest-xdist: two clusters never share the cores.
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
+
 WORKERS = pathlib.Path(__file__).parent / "workers"
 WORKER = WORKERS / "clone_model_worker.py"
 AGN_WORKER = WORKERS / "agn_worker.py"
@@ -129,6 +132,24 @@ def variables(arrays, prefix):
     return [arrays[f"{prefix}_{i}"] for i in range(4)]
 
 
+# Each float32 AGN run's largest difference from the hand computation, over
+# centers and local weights, in 10 reruns of the launch (2026-11-26: the
+# same in every rerun, bit for bit), and its tolerance, at least twice that.
+# Momentum and the outer optimizer amplify float32 rounding differently in
+# each run; 1e-6 left "overlap" failing at 1.9e-6.
+ATOL = {  # name: absolute tolerance  (largest difference seen)
+    "p1": 1e-5,  # 2.5e-6
+    "p3": 1.5e-5,  # 7.2e-6
+    "hermans": 1e-5,  # 3.1e-6
+    "diloco": 1e-5,  # 4.3e-6
+    "overlap": 5e-6,  # 1.9e-6
+    "overlap_diloco": 5e-6,  # 1.8e-6
+    "fragments": 1e-5,  # 1.7e-6
+    "fragments_diloco": 1e-5,  # 1.9e-6
+    "overlap_fragments": 2e-5,  # 9.2e-6
+}
+
+
 def test_agn_with_period_1_is_synchronous_sgd_on_the_global_batch(
     agn_results,
 ):
@@ -137,7 +158,7 @@ def test_agn_with_period_1_is_synchronous_sgd_on_the_global_batch(
         for got, want in zip(
             variables(worker, "p1_weight"), variables(reference, "sync_weight")
         ):
-            np.testing.assert_allclose(got, want, atol=1e-5)
+            np.testing.assert_allclose(got, want, atol=ATOL["p1"])
         np.testing.assert_array_equal(worker["p1_rounds"], [4, 8])
     for a, b in zip(*(variables(w, "p1_weight") for w in workers)):
         np.testing.assert_array_equal(a, b)
@@ -154,11 +175,11 @@ def test_agn_workers_train_locally_and_share_the_centers(agn_results):
             variables(worker, "p3_weight"),
             variables(reference, f"p3_worker_{index}_weight"),
         ):
-            np.testing.assert_allclose(got, want, atol=1e-5)
+            np.testing.assert_allclose(got, want, atol=ATOL["p3"])
         for got, want in zip(
             variables(worker, "p3_center"), variables(reference, "p3_center")
         ):
-            np.testing.assert_allclose(got, want, atol=1e-5)
+            np.testing.assert_allclose(got, want, atol=ATOL["p3"])
     for a, b in zip(*(variables(w, "p3_center") for w in workers)):
         np.testing.assert_array_equal(a, b)
     # No gradient was all-reduced since the last synchronisation.
@@ -179,12 +200,12 @@ def test_agn_rules_across_workers_apply_the_mean_commit_as_by_hand(
             variables(worker, f"{rule}_center"),
             variables(reference, f"{rule}_center"),
         ):
-            np.testing.assert_allclose(got, want, atol=1e-5)
+            np.testing.assert_allclose(got, want, atol=ATOL[rule])
         for got, want in zip(
             variables(worker, f"{rule}_weight"),
             variables(reference, f"{rule}_worker_{index}_weight"),
         ):
-            np.testing.assert_allclose(got, want, atol=1e-5)
+            np.testing.assert_allclose(got, want, atol=ATOL[rule])
     for a, b in zip(*(variables(w, f"{rule}_center") for w in workers)):
         np.testing.assert_array_equal(a, b)
     # Not the default rule's result.
@@ -214,9 +235,9 @@ def test_bfloat16_all_reduce_sums_rounded_commits_in_half_the_bytes(
         np.testing.assert_array_equal(a, b)
 
 
-def assert_as_by_hand(agn_results, name, rounds, atol=1e-6):
+def assert_as_by_hand(agn_results, name, rounds):
     """Each worker's centers and local weights of run `name` equal the hand
-    computation's (`atol`, and 1e-6 relative), its logged rounds `rounds`;
+    computation's (within `ATOL[name]`), its logged rounds `rounds`;
     the centers are the same on every worker."""
     workers, reference = agn_results
     for index, worker in enumerate(workers):
@@ -225,12 +246,12 @@ def assert_as_by_hand(agn_results, name, rounds, atol=1e-6):
             variables(worker, f"{name}_center"),
             variables(reference, f"{name}_center"),
         ):
-            np.testing.assert_allclose(got, want, rtol=1e-6, atol=atol)
+            np.testing.assert_allclose(got, want, rtol=0, atol=ATOL[name])
         for got, want in zip(
             variables(worker, f"{name}_weight"),
             variables(reference, f"{name}_worker_{index}_weight"),
         ):
-            np.testing.assert_allclose(got, want, rtol=1e-6, atol=atol)
+            np.testing.assert_allclose(got, want, rtol=0, atol=ATOL[name])
     for a, b in zip(*(variables(w, f"{name}_center") for w in workers)):
         np.testing.assert_array_equal(a, b)
 
@@ -255,11 +276,9 @@ def test_fragments_across_workers_commit_at_their_steps_as_by_hand(
     agn_results, name
 ):
     # Period 4, 8 steps: 2 (4) fragments, each all-reduced at its own step,
-    # moved by its own outer optimizer. Weights of 2-4 after 8 float32
-    # steps land up to 2e-6 from the hand's.
+    # moved by its own outer optimizer.
     fragments = 2 if name == "fragments" else 4
-    rounds = [fragments, 2 * fragments]
-    assert_as_by_hand(agn_results, name, rounds, atol=1e-5)
+    assert_as_by_hand(agn_results, name, [fragments, 2 * fragments])
 
 
 def test_overlapped_fragments_across_workers_apply_a_period_late_as_by_hand(
@@ -267,10 +286,9 @@ def test_overlapped_fragments_across_workers_apply_a_period_late_as_by_hand(
 ):
     # Period 4, 2 fragments, one execution per fragment's share (2 steps):
     # each fragment's commit all-reduced beside the next execution's steps.
-    # Float32 rounding lands up to 1.5e-6 from the hand's.
     for worker in agn_results[0]:
         assert worker["overlap_fragments_phase"].tolist() == [0, 0]
-    assert_as_by_hand(agn_results, "overlap_fragments", [2, 4], 1e-5)
+    assert_as_by_hand(agn_results, "overlap_fragments", [2, 4])
 
 
 @pytest.fixture(scope="module")
@@ -332,6 +350,7 @@ def test_progress_bars_print_on_the_chief_only(restarted):
     assert bars and set(bars) == {"0"}
 
 
+@pytest.mark.alone  # It times how long a worker waits for a lost one.
 @pytest.mark.parametrize("mode, grace_period", [("kill", 120), ("stall", 5)])
 def test_a_lost_worker_ends_the_others_in_bounded_time(mode, grace_period):
     # After a kill, worker 0 must fail by itself, long before the launcher

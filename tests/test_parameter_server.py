@@ -12,6 +12,9 @@ import sys
 import pytest
 from workers import keras_optimizers
 
+# One group under pytest-xdist: two clusters never share the cores.
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
+
 WORKER = pathlib.Path(__file__).parent / "workers" / "ps_worker.py"
 
 
