@@ -4,6 +4,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import InterruptAtEpoch
+from reference import agn
+from reference import optimizers
 
 from keras_clones import AGNOptimizer
 from keras_clones import CloneModel
@@ -11,45 +14,23 @@ from keras_clones import DeploymentConfig
 
 LR = 0.1
 
-
-class HandSGD:
-    def __init__(self, momentum=0.0, nesterov=False):
-        self.momentum, self.nesterov, self.m = momentum, nesterov, 0.0
-
-    def step(self, w, g):
-        if not self.momentum:
-            return w - LR * g
-        self.m = self.momentum * self.m - LR * g
-        if self.nesterov:
-            return w + self.momentum * self.m - LR * g
-        return w + self.m
-
-
-class HandAdam:
-    def __init__(self, b1=0.9, b2=0.999, eps=1e-7):
-        self.b1, self.b2, self.eps = b1, b2, eps
-        self.m = self.v = 0.0
-        self.t = 0
-
-    def step(self, w, g):
-        self.t += 1
-        self.m = self.b1 * self.m + (1 - self.b1) * g
-        self.v = self.b2 * self.v + (1 - self.b2) * g * g
-        alpha = LR * np.sqrt(1 - self.b2**self.t) / (1 - self.b1**self.t)
-        return w - alpha * self.m / (np.sqrt(self.v) + self.eps)
-
-
-OPTIMIZERS = {
-    "sgd": (lambda: keras.optimizers.SGD(LR), HandSGD),
+OPTIMIZERS = {  # name: (Keras's, by hand)
+    "sgd": (
+        lambda: keras.optimizers.SGD(LR),
+        lambda: optimizers.SGD(LR),
+    ),
     "momentum": (
         lambda: keras.optimizers.SGD(LR, momentum=0.9),
-        lambda: HandSGD(0.9),
+        lambda: optimizers.SGD(LR, 0.9),
     ),
     "nesterov": (
         lambda: keras.optimizers.SGD(LR, momentum=0.9, nesterov=True),
-        lambda: HandSGD(0.9, nesterov=True),
+        lambda: optimizers.SGD(LR, 0.9, nesterov=True),
     ),
-    "adam": (lambda: keras.optimizers.Adam(LR), HandAdam),
+    "adam": (
+        lambda: keras.optimizers.Adam(LR),
+        lambda: optimizers.Adam(LR),
+    ),
 }
 
 
@@ -63,23 +44,24 @@ def test_update_sequence_matches_hand_computation(name):
     optimizer = AGNOptimizer(make_optimizer(), communication_period=period)
     step = tf.function(lambda g: optimizer.apply([g], [variable]))
 
-    inner, outer = make_hand(), make_hand()
-    local, center, accumulator = start.copy(), start.copy(), np.zeros(3)
+    by_hand = agn.agn(
+        start, agn.steps_table(grads), steps, period, make_hand
+    ).history
     for k in range(steps):
         step(tf.constant(grads[k], "float32"))
-        local = inner.step(local, grads[k])
-        accumulator = accumulator + grads[k]
+        local, center = by_hand[k]
+        # The gradients since the period began; none at its end.
+        accumulated = grads[k - k % period : k + 1].sum(axis=0)
         if (k + 1) % period == 0:
-            center = outer.step(center, accumulator / period)
-            local, accumulator = center.copy(), np.zeros(3)
-        np.testing.assert_allclose(variable.numpy(), local, atol=1e-5)
+            accumulated = np.zeros(3)
+        np.testing.assert_allclose(variable.numpy(), local[0], atol=1e-5)
         np.testing.assert_allclose(
             optimizer.global_center_variable(variable).numpy(),
             center,
             atol=1e-5,
         )
         np.testing.assert_allclose(
-            optimizer.grad_variable(variable).numpy(), accumulator, atol=1e-5
+            optimizer.grad_variable(variable).numpy(), accumulated, atol=1e-5
         )
         assert int(optimizer.local_step.numpy()) == k + 1
         assert int(optimizer.iterations.numpy()) == k + 1
@@ -211,16 +193,6 @@ def test_resume_from_saved_model_mid_period(tmp_path):
         uninterrupted.optimizer.variables, resumed.optimizer.variables
     ):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
-
-
-class InterruptAtEpoch(keras.callbacks.Callback):
-    def __init__(self, epoch):
-        super().__init__()
-        self.epoch = epoch
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise RuntimeError("interrupted")
 
 
 def test_backup_and_restore_mid_period_continues_exactly(tmp_path):

@@ -7,11 +7,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_agn_rules import INNER_LR
-from test_agn_rules import RULES
-from test_agn_rules import HandAdamW
-from test_agn_rules import HandSGD
-from test_agn_rules import bfloat16
+from helpers import INNER_LR
+from helpers import RULES
+from reference import agn
+from reference import optimizers
 
 from keras_clones import AGNOptimizer
 from keras_clones.agn_fragments import Fragments
@@ -22,56 +21,11 @@ OWN = {
     "adam_outer": (
         {},
         lambda: keras.optimizers.SGD(INNER_LR),
-        lambda: HandSGD(INNER_LR),
+        lambda: optimizers.SGD(INNER_LR),
         lambda: keras.optimizers.Adam(0.1),
-        lambda: HandAdamW(0.1),
+        lambda: optimizers.Adam(0.1),
     )
 }
-
-
-def fragments_by_hand(
-    options, grads, start, inner, outers, fragments, overlap=False, mixing=0
-):
-    """Local weights and centers after each step, then after the commits in
-    flight are applied: fragment f (elements cut at equal shares) commits
-    at steps (f + 1) * PERIOD / F of each period, moved by its own outer
-    optimizer `outers[f]`; with `overlap`, a period late, its local part
-    then mixing with its centers."""
-    bounds = [round(SIZE * f / fragments) for f in range(fragments + 1)]
-    local, center, begun = start.copy(), start.copy(), start.copy()
-    accumulated, history = np.zeros_like(start), []
-    in_flight = [None] * fragments
-    for k, grad in enumerate(grads):
-        local = inner.step(local, grad)
-        accumulated = accumulated + grad
-        for f in range(fragments):
-            if (k + 1) % PERIOD != (f + 1) * PERIOD // fragments % PERIOD:
-                continue
-            part = slice(bounds[f], bounds[f + 1])
-            if options.get("commit", "gradients") == "gradients":
-                commit = accumulated[part]
-            else:
-                commit = (begun if overlap else center)[part] - local[part]
-            if options.get("normalize", True):
-                commit = commit / PERIOD
-            if options.get("communication_dtype") == "bfloat16":
-                commit = bfloat16(commit).astype("float32")
-            accumulated[part] = 0.0
-            if not overlap:
-                center[part] = outers[f].step(center[part], commit)
-                local[part] = center[part]
-                continue
-            if in_flight[f] is not None:
-                center[part] = outers[f].step(center[part], in_flight[f])
-                local[part] = mixing * local[part] + (1 - mixing) * center[part]
-            begun[part], in_flight[f] = local[part], commit
-        history.append((local.copy(), center.copy()))
-    for f, commit in enumerate(in_flight):
-        if commit is not None:
-            part = slice(bounds[f], bounds[f + 1])
-            center[part] = outers[f].step(center[part], commit)
-            local[part] = mixing * local[part] + (1 - mixing) * center[part]
-    return history, (local, center)
 
 
 def run_fragments(name, fragments, dtype=None, overlap=False, mixing=None):
@@ -93,15 +47,17 @@ def run_fragments(name, fragments, dtype=None, overlap=False, mixing=None):
         **options,
     )
     step = tf.function(lambda g: optimizer.apply([g], [variable]))
-    history, flushed = fragments_by_hand(
-        options,
-        grads,
+    by_hand = agn.agn(
         start,
-        hand_inner(),
-        [hand_outer() for _ in range(fragments)],
-        fragments,
-        overlap,
-        mixing,
+        agn.steps_table(grads),
+        STEPS,
+        PERIOD,
+        hand_inner,
+        hand_outer,
+        fragments=fragments,
+        overlap=overlap,
+        mixing=mixing,
+        **options,
     )
     # Adam's float32 steps drift from the hand's by 1e-6; a bfloat16
     # rounding by hand may land a bfloat16 ulp away.
@@ -113,11 +69,11 @@ def run_fragments(name, fragments, dtype=None, overlap=False, mixing=None):
         center_got = optimizer.global_center_variable(variable).numpy()
         np.testing.assert_allclose(center_got, center, **tolerance)
 
-    for grad, (local, center) in zip(grads, history):
+    for grad, (local, center) in zip(grads, by_hand.history, strict=True):
         step(tf.constant(grad))
-        assert_as_by_hand(local, center)
+        assert_as_by_hand(local[0], center)
     optimizer.apply_in_flight_commit()
-    assert_as_by_hand(*flushed)
+    assert_as_by_hand(by_hand.local[0], by_hand.center)
     return optimizer
 
 

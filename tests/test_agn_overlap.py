@@ -6,39 +6,15 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_agn import InterruptAtEpoch
-from test_agn_rules import PERIOD
-from test_agn_rules import RULES
-from test_agn_rules import STEPS
-from test_agn_rules import bfloat16
-from test_agn_rules import hand_commit
+from helpers import RULES
+from helpers import InterruptAtEpoch
+from reference import agn
 
 import keras_clones
 from keras_clones import AGNOptimizer
 from keras_clones import optimizer_capabilities
 
-
-def overlapped_by_hand(options, grads, start, inner, outer, mixing):
-    """Local weights and centers after each step, and at the end of `fit`
-    (the commit in flight applied)."""
-    local, center, begun = start.copy(), start.copy(), start.copy()
-    accumulated, in_flight, history = np.zeros_like(start), None, []
-    for k, grad in enumerate(grads):
-        local = inner.step(local, grad)
-        accumulated = accumulated + grad
-        if (k + 1) % PERIOD == 0:
-            commit = hand_commit(options, accumulated, begun, local)
-            if options.get("communication_dtype") == "bfloat16":
-                commit = bfloat16(commit)
-            accumulated = np.zeros_like(start)
-            if in_flight is not None:
-                center = outer.step(center, in_flight)
-                local = mixing * local + (1 - mixing) * center
-            begun, in_flight = local.copy(), commit
-        history.append((local, center))
-    center = outer.step(center, in_flight)
-    flushed = (mixing * local + (1 - mixing) * center, center)
-    return history, flushed
+PERIOD, STEPS = 3, 9
 
 
 @pytest.mark.parametrize("name", sorted(RULES))
@@ -49,7 +25,7 @@ def test_overlap_applies_each_commit_a_period_late_as_by_hand(
 ):
     options, inner, hand_inner, outer, hand_outer = RULES[name]
     options = dict(options, communication_dtype=dtype)
-    # In float32 by hand too, to compare at float32's precision.
+    # float32 values, by hand in float64.
     start = np.array([1.0, -2.0, 0.5], "float32")
     grads = np.random.default_rng(0).normal(size=(STEPS, 3)).astype("float32")
     variable = keras.Variable(start)
@@ -62,16 +38,24 @@ def test_overlap_applies_each_commit_a_period_late_as_by_hand(
         **options,
     )
     step = tf.function(lambda g: optimizer.apply([g], [variable]))
-    history, flushed = overlapped_by_hand(
-        options, grads, start, hand_inner(), hand_outer(), mixing
+    by_hand = agn.agn(
+        start,
+        agn.steps_table(grads),
+        STEPS,
+        PERIOD,
+        hand_inner,
+        hand_outer,
+        overlap=True,
+        mixing=mixing,
+        **options,
     )
     # Adam's float32 steps drift from the hand's float64 ones by 1e-6; a
     # bfloat16 rounding by hand may land a bfloat16 ulp away.
     atol = 1e-6 if name in ("contrib", "downpour") else 1e-5
     tolerance = {"rtol": 1e-6, "atol": atol if dtype is None else 1e-2}
-    for grad, (local, center) in zip(grads, history):
+    for grad, (local, center) in zip(grads, by_hand.history, strict=True):
         step(tf.constant(grad, "float32"))
-        np.testing.assert_allclose(variable.numpy(), local, **tolerance)
+        np.testing.assert_allclose(variable.numpy(), local[0], **tolerance)
         center_got = optimizer.global_center_variable(variable).numpy()
         np.testing.assert_allclose(center_got, center, **tolerance)
     # Commits sent after steps 3, 6 and 9; the last is still in flight.
@@ -79,9 +63,9 @@ def test_overlap_applies_each_commit_a_period_late_as_by_hand(
     assert int(optimizer.in_flight_phase.numpy()) == 2
     optimizer.apply_in_flight_commit()
     assert int(optimizer.in_flight_phase.numpy()) == 0
-    np.testing.assert_allclose(variable.numpy(), flushed[0], **tolerance)
+    np.testing.assert_allclose(variable.numpy(), by_hand.local[0], **tolerance)
     center_got = optimizer.global_center_variable(variable).numpy()
-    np.testing.assert_allclose(center_got, flushed[1], **tolerance)
+    np.testing.assert_allclose(center_got, by_hand.center, **tolerance)
 
 
 def regression(seed=0):

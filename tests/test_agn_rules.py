@@ -8,85 +8,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import INNER_LR
+from helpers import RULES
+from reference import agn
 
 from keras_clones import AGNOptimizer
 
 PERIOD, STEPS = 3, 9
-INNER_LR = 0.1
-
-
-class HandSGD:
-    def __init__(self, rate, momentum=0.0, nesterov=False):
-        self.rate, self.momentum, self.nesterov = rate, momentum, nesterov
-        self.m = 0.0
-
-    def step(self, w, g):
-        self.m = self.momentum * self.m - self.rate * g
-        if self.nesterov:
-            return w + self.momentum * self.m - self.rate * g
-        return w + self.m
-
-
-class HandAdamW:
-    def __init__(self, rate, weight_decay=0.0):
-        self.rate, self.weight_decay = rate, weight_decay
-        self.m = self.v = 0.0
-        self.t = 0
-
-    def step(self, w, g):
-        w = w - w * self.weight_decay * self.rate
-        self.t += 1
-        self.m = 0.9 * self.m + 0.1 * g
-        self.v = 0.999 * self.v + 0.001 * g * g
-        alpha = self.rate * np.sqrt(1 - 0.999**self.t) / (1 - 0.9**self.t)
-        return w - alpha * self.m / (np.sqrt(self.v) + 1e-7)
-
-
-def bfloat16(x):
-    return tf.cast(tf.cast(x, "bfloat16"), "float64").numpy()
-
-
-# name: (AGNOptimizer's options, the inner optimizer and the outer one as
-# Keras optimizers and by hand). These are the README's four recipes.
-RULES = {
-    "contrib": (
-        {},
-        lambda: keras.optimizers.SGD(INNER_LR, momentum=0.9),
-        lambda: HandSGD(INNER_LR, 0.9),
-        None,  # The default outer optimizer: a copy of the inner one.
-        lambda: HandSGD(INNER_LR, 0.9),
-    ),
-    "hermans": (
-        {"commit": "weight_change"},
-        lambda: keras.optimizers.Adam(INNER_LR),
-        lambda: HandAdamW(INNER_LR),
-        lambda: keras.optimizers.SGD(1.0),
-        lambda: HandSGD(1.0),
-    ),
-    "diloco": (
-        {"commit": "weight_change", "normalize": False},
-        lambda: keras.optimizers.AdamW(INNER_LR, weight_decay=0.1),
-        lambda: HandAdamW(INNER_LR, weight_decay=0.1),
-        lambda: keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),
-        lambda: HandSGD(0.7, 0.9, nesterov=True),
-    ),
-    "downpour": (
-        {"commit": "weight_change", "normalize": False},
-        lambda: keras.optimizers.SGD(INNER_LR),
-        lambda: HandSGD(INNER_LR),
-        lambda: keras.optimizers.SGD(1.0),
-        lambda: HandSGD(1.0),
-    ),
-}
-
-
-def hand_commit(options, accumulated, pulled, local):
-    """What the rule commits at the end of a period (before rounding)."""
-    if options.get("commit", "gradients") == "gradients":
-        value = accumulated
-    else:  # The pseudo-gradient: how far the local steps moved.
-        value = pulled - local
-    return value / PERIOD if options.get("normalize", True) else value
 
 
 def run_rule(options, inner, outer):
@@ -111,21 +39,22 @@ def test_rule_matches_hand_computation(name, dtype):
     grads, start, history, optimizer = run_rule(
         options, inner(), outer and outer()
     )
-    inner_by_hand, outer_by_hand = hand_inner(), hand_outer()
-    local, center, accumulated = start.copy(), start.copy(), np.zeros(3)
-    for k, (got_local, got_center) in enumerate(history):
-        local = inner_by_hand.step(local, grads[k])
-        accumulated = accumulated + grads[k]
-        if (k + 1) % PERIOD == 0:
-            commit = hand_commit(options, accumulated, center, local)
-            if dtype is not None:
-                commit = bfloat16(commit)
-            center = outer_by_hand.step(center, commit)
-            local, accumulated = center.copy(), np.zeros(3)
-        # bfloat16 rounds the commit: the hand computation rounds alike,
-        # from float64 values (one rounding may land a bfloat16 ulp away).
-        atol = 1e-5 if dtype is None else 1e-2
-        np.testing.assert_allclose(got_local, local, atol=atol)
+    by_hand = agn.agn(
+        start,
+        agn.steps_table(grads),
+        STEPS,
+        PERIOD,
+        hand_inner,
+        hand_outer,
+        **options,
+    )
+    # bfloat16 rounds the commit: the hand computation rounds alike,
+    # from float64 values (one rounding may land a bfloat16 ulp away).
+    atol = 1e-5 if dtype is None else 1e-2
+    for (got_local, got_center), (local, center) in zip(
+        history, by_hand.history, strict=True
+    ):
+        np.testing.assert_allclose(got_local, local[0], atol=atol)
         np.testing.assert_allclose(got_center, center, atol=atol)
     assert int(optimizer.communication_rounds.numpy()) == STEPS // PERIOD
 

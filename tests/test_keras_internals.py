@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import InterruptAtEpoch
 
 import keras_clones
 from keras_clones import _keras_internals as internals
@@ -204,18 +205,13 @@ def test_stateless_copy_applies_on_tensors_as_the_optimizer_on_variables(
 
 
 def test_initial_epoch_is_where_backup_and_restore_resumes(tmp_path):
-    class InterruptAtEpoch1(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            if epoch == 1:
-                raise RuntimeError("interrupted")
-
     x, y = np.ones((4, 3)), np.zeros((4, 2))
     model = compiled_model()
     assert not internals.initial_epoch(model)
     backup = keras.callbacks.BackupAndRestore(str(tmp_path))
     with pytest.raises(RuntimeError, match="interrupted"):
         model.fit(
-            x, y, epochs=3, verbose=0, callbacks=[backup, InterruptAtEpoch1()]
+            x, y, epochs=3, verbose=0, callbacks=[backup, InterruptAtEpoch(1)]
         )
     resumed = compiled_model()
     history = resumed.fit(x, y, epochs=3, verbose=0, callbacks=[backup])

@@ -27,8 +27,15 @@ LAUNCH = ("-m", "keras_clones.launch", "--workers", "2")
 
 
 def environment(**env):
+    """The workers' environment: the TensorFlow backend, and tests/ on the
+    path for the reference (tests/reference)."""
+    path = [str(pathlib.Path(__file__).parent), os.environ.get("PYTHONPATH")]
     return dict(
-        os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", **env
+        os.environ,
+        KERAS_BACKEND="tensorflow",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=os.pathsep.join(filter(None, path)),
+        **env,
     )
 
 
@@ -132,21 +139,21 @@ def variables(arrays, prefix):
     return [arrays[f"{prefix}_{i}"] for i in range(4)]
 
 
-# Each float32 AGN run's largest difference from the hand computation, over
-# centers and local weights, in 10 reruns of the launch (2026-11-26: the
-# same in every rerun, bit for bit), and its tolerance, at least twice that.
-# Momentum and the outer optimizer amplify float32 rounding differently in
-# each run; 1e-6 left "overlap" failing at 1.9e-6.
+# Each AGN run's largest difference between the workers' float32 and the
+# reference's float64 (tests/reference), over centers and local weights, in
+# reruns of the launch (2026-11-26: the workers' results the same in every
+# rerun, bit for bit), and its tolerance, at least twice that. Momentum and
+# the outer optimizer amplify float32 rounding differently in each run.
 ATOL = {  # name: absolute tolerance  (largest difference seen)
-    "p1": 1e-5,  # 2.5e-6
-    "p3": 1.5e-5,  # 7.2e-6
-    "hermans": 1e-5,  # 3.1e-6
-    "diloco": 1e-5,  # 4.3e-6
-    "overlap": 5e-6,  # 1.9e-6
-    "overlap_diloco": 5e-6,  # 1.8e-6
-    "fragments": 1e-5,  # 1.7e-6
-    "fragments_diloco": 1e-5,  # 1.9e-6
-    "overlap_fragments": 2e-5,  # 9.2e-6
+    "p1": 1e-5,  # 2.5e-6, against synchronous SGD in one process
+    "p3": 1e-5,  # 4.0e-6
+    "hermans": 1e-5,  # 1.9e-6
+    "diloco": 3e-5,  # 1.2e-5
+    "overlap": 5e-6,  # 1.2e-6
+    "overlap_diloco": 5e-6,  # 2.3e-6
+    "fragments": 1e-5,  # 2.9e-6
+    "fragments_diloco": 1.5e-5,  # 5.1e-6
+    "overlap_fragments": 2e-5,  # 8.0e-6
 }
 
 

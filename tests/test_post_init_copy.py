@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+from helpers import InterruptAtEpoch
 
 from keras_clones import AGNOptimizer
 from keras_clones.callbacks import PostInitCopy
@@ -109,12 +110,6 @@ def test_nothing_to_copy_without_agn():
     copy = PostInitCopy()
     fit(m, [copy])
     assert copy.copied == []
-
-
-class InterruptAtEpoch(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == 2:
-            raise RuntimeError("interrupted")
 
 
 @pytest.mark.parametrize("copy_first", [True, False])

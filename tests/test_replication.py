@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+from helpers import InterruptAtEpoch
 from test_clone_model import data
 from test_clone_model import mlp
 from test_clone_model import two_tower
@@ -159,12 +160,6 @@ def test_copies_take_weights_loaded_between_fits(tmp_path):
     for a, b in zip(shared.weights, replicated.weights):
         np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-5)
     assert_copies_identical(replicated)
-
-
-class InterruptAtEpoch(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == 2:
-            raise RuntimeError("interrupted")
 
 
 def test_backup_and_restore_resumes_every_copy(tmp_path):

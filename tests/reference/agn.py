@@ -1,0 +1,161 @@
+"""Accumulated Gradient Normalization by hand, in NumPy: the one reference
+the AGN tests compare against, in one process and across workers.
+
+Weights are one flat vector (`flat`, `unflat` convert a list of arrays).
+At each step every worker takes a local step with its own inner optimizer
+and accumulates its gradient. Fragment f of F (the flat weights cut at
+equal shares) ends its period at steps (f + 1) * period / F of each period:
+every worker commits its part (the accumulated gradients, or with
+`commit="weight_change"` how far its weights moved since the part's last
+commit), divided by the period unless `normalize=False`; the mean over
+workers (summed in bfloat16 with `communication_dtype="bfloat16"`) moves
+the part's centers by the fragment's own outer optimizer, and the workers'
+parts take the centers. With `overlap`, a commit moves the centers a
+period late, at the fragment's next commit, and each worker's part then
+mixes with them (`mixing` of its own); the end of training applies the
+commits in flight. Plain AGN is one fragment without overlap.
+"""
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+
+
+def flat(arrays):
+    return np.concatenate([np.ravel(a) for a in arrays])
+
+
+def unflat(vector, like):
+    """`vector` cut into arrays of the shapes of `like`."""
+    arrays, offset = [], 0
+    for a in like:
+        size = np.size(a)
+        arrays.append(np.reshape(vector[offset : offset + size], np.shape(a)))
+        offset += size
+    return arrays
+
+
+def bfloat16(value):
+    """`value` rounded to bfloat16 (to nearest, ties to even), as float64."""
+    value = np.asarray(value, "float32")
+    return value.astype(ml_dtypes.bfloat16).astype("float64")
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """What the workers held: after each step (`history`, a list of
+    (each worker's local weights, centers)), and at the end, the commits
+    in flight applied (`local`, `center`); `rounds`, the commits sent."""
+
+    history: list
+    local: list
+    center: np.ndarray
+    rounds: int
+
+
+def steps_table(grads):
+    """`agn`'s `gradient` from a table: `grads[step]`, on every worker."""
+    return lambda worker, step, weights: grads[step]
+
+
+def ends_at(step, period, fragments):
+    """The fragments whose period ends at `step` (counted from 1)."""
+    return [
+        f
+        for f in range(fragments)
+        if step % period == (f + 1) * period // fragments % period
+    ]
+
+
+def mean_commit(sent, communication_dtype):
+    """The mean over workers of their commits, as the all-reduce sums it
+    (in bfloat16: each worker's share rounded, then the sum)."""
+    workers = len(sent)
+    if communication_dtype == "bfloat16":
+        return bfloat16(sum(bfloat16(s / workers) for s in sent))
+    return sum(sent) / workers
+
+
+def agn(
+    start,
+    gradient,
+    steps,
+    period,
+    inner,
+    outer=None,
+    *,
+    workers=1,
+    commit="gradients",
+    normalize=True,
+    communication_dtype=None,
+    fragments=1,
+    overlap=False,
+    mixing=0.5,
+    skipped=(),
+):
+    """AGN for `steps` steps from the flat weights `start`.
+
+    Args:
+        gradient: `gradient(worker, step, weights)`, the gradient worker
+            `worker` takes at step `step` (from 0) at its flat `weights`.
+        inner: makes an inner optimizer (`step(w, g)`), one per worker.
+        outer: makes an outer optimizer, one per fragment; by default
+            `inner`.
+        skipped: (worker, step) pairs that take no local step and
+            accumulate nothing, yet count toward the period.
+
+    Returns:
+        A `Trajectory`.
+    """
+    start = np.asarray(start, "float64")
+    outer = outer or inner
+    bounds = [round(start.size * f / fragments) for f in range(fragments + 1)]
+    parts = [slice(bounds[f], bounds[f + 1]) for f in range(fragments)]
+    inners = [inner() for _ in range(workers)]
+    outers = [outer() for _ in range(fragments)]
+    local = [start.copy() for _ in range(workers)]
+    begun = [start.copy() for _ in range(workers)]
+    accumulated = [np.zeros_like(start) for _ in range(workers)]
+    center = start.copy()
+    in_flight = [None] * fragments
+    history, rounds = [], 0
+
+    def apply(f, mean, mixing):
+        part = parts[f]
+        center[part] = outers[f].step(center[part], mean)
+        for w in local:
+            w[part] = mixing * w[part] + (1 - mixing) * center[part]
+
+    for step in range(steps):
+        for w in range(workers):
+            if (w, step) in skipped:
+                continue
+            g = np.asarray(gradient(w, step, local[w].copy()), "float64")
+            local[w] = inners[w].step(local[w], g)
+            accumulated[w] = accumulated[w] + g
+        for f in ends_at(step + 1, period, fragments):
+            part = parts[f]
+            if commit == "gradients":
+                sent = [a[part] for a in accumulated]
+            else:  # How far each worker's part moved since its last commit.
+                sent = [b[part] - w[part] for b, w in zip(begun, local)]
+            if normalize:
+                sent = [s / period for s in sent]
+            mean = mean_commit(sent, communication_dtype)
+            rounds += 1
+            for a in accumulated:
+                a[part] = 0.0
+            if not overlap:
+                apply(f, mean, mixing=0.0)
+            elif in_flight[f] is not None:
+                apply(f, in_flight[f], mixing)
+            if overlap:
+                in_flight[f] = mean
+            for b, w in zip(begun, local):
+                b[part] = w[part]
+        history.append(([w.copy() for w in local], center.copy()))
+    for f, mean in enumerate(in_flight):
+        if mean is not None:
+            apply(f, mean, mixing)
+    return Trajectory(history, local, center, rounds)

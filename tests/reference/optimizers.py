@@ -1,0 +1,54 @@
+"""Keras's optimizers by hand, in NumPy: each one a `step(w, g)` that
+returns the new weights and keeps its own state, elementwise, so that one
+instance can step a whole flat vector or any part of one."""
+
+import numpy as np
+
+
+class SGD:
+    """`keras.optimizers.SGD`: velocity `m = momentum * m - lr * g`, then
+    `w + m` (or, with Nesterov, `w + momentum * m - lr * g`)."""
+
+    def __init__(self, learning_rate, momentum=0.0, nesterov=False):
+        self.learning_rate = learning_rate
+        self.momentum, self.nesterov = momentum, nesterov
+        self.velocity = 0.0
+
+    def step(self, w, g):
+        rate, momentum = self.learning_rate, self.momentum
+        self.velocity = momentum * self.velocity - rate * g
+        if self.nesterov:
+            return w + momentum * self.velocity - rate * g
+        return w + self.velocity
+
+
+class Adam:
+    """`keras.optimizers.Adam`, or `AdamW` with `weight_decay` (decoupled:
+    the weights shrink by `w * weight_decay * lr` before the step)."""
+
+    def __init__(
+        self,
+        learning_rate,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-7,
+        weight_decay=0.0,
+    ):
+        self.learning_rate, self.weight_decay = learning_rate, weight_decay
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+        self.m = self.v = 0.0
+        self.t = 0
+
+    def step(self, w, g):
+        rate, b1, b2 = self.learning_rate, self.beta_1, self.beta_2
+        w = w - w * self.weight_decay * rate
+        self.t += 1
+        self.m = b1 * self.m + (1 - b1) * g
+        self.v = b2 * self.v + (1 - b2) * g * g
+        alpha = rate * np.sqrt(1 - b2**self.t) / (1 - b1**self.t)
+        return w - alpha * self.m / (np.sqrt(self.v) + self.epsilon)
+
+
+def AdamW(learning_rate, weight_decay=0.004, **kwargs):
+    """`keras.optimizers.AdamW`'s defaults, by hand."""
+    return Adam(learning_rate, weight_decay=weight_decay, **kwargs)
