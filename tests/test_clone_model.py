@@ -4,6 +4,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import data
+from helpers import mlp
+from helpers import two_tower
 
 import keras_clones
 from keras_clones import CloneModel
@@ -11,42 +14,6 @@ from keras_clones import DeploymentConfig
 
 THREE_CPUS = DeploymentConfig(devices=["/cpu:0", "/cpu:1", "/cpu:2"])
 TWO_CPUS = DeploymentConfig(devices=["/cpu:0", "/cpu:1"])
-
-
-@keras.saving.register_keras_serializable(package="keras_clones_tests")
-class WeightPenalty(keras.layers.Layer):
-    """Adds a loss that depends on a weight only (counts once per step)."""
-
-    def build(self, input_shape):
-        self.scale = self.add_weight(shape=(), initializer="ones")
-
-    def call(self, inputs):
-        self.add_loss(0.1 * self.scale**2)
-        return inputs * self.scale
-
-
-def mlp(model_class=keras.Model, extra_losses=True, **kwargs):
-    keras.utils.set_random_seed(1)
-    inputs = keras.Input((6,))
-    h = keras.layers.Dense(
-        8,
-        activation="tanh",
-        kernel_regularizer=keras.regularizers.L2(0.05),
-        activity_regularizer=(
-            keras.regularizers.L1(0.01) if extra_losses else None
-        ),
-    )(inputs)
-    if extra_losses:
-        h = WeightPenalty()(h)
-    outputs = keras.layers.Dense(3, activation="softmax")(h)
-    return model_class(inputs, outputs, **kwargs)
-
-
-def data(rows, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows, 6)).astype("float32")
-    y = rng.integers(0, 3, size=rows)
-    return x, y
 
 
 def pair(build, deployment, **compile_kwargs):
@@ -131,19 +98,6 @@ def test_class_weight_matches_plain_model():
     )
     np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], atol=1e-5)
     assert_same_weights(reference, clones)
-
-
-def two_tower(model_class=keras.Model, **kwargs):
-    keras.utils.set_random_seed(2)
-    a = keras.Input((4,), name="a")
-    b = keras.Input((3,), name="b")
-    h = keras.layers.Concatenate()(
-        [keras.layers.Dense(5, activation="relu")(a), b]
-    )
-    h = keras.layers.Dense(6, kernel_regularizer="l2")(h)
-    label = keras.layers.Dense(2, activation="softmax", name="label")(h)
-    value = keras.layers.Dense(1, name="value")(h)
-    return model_class({"a": a, "b": b}, (label, value), **kwargs)
 
 
 def test_multi_input_multi_output_with_sample_weights():

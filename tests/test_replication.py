@@ -4,9 +4,9 @@ import keras
 import numpy as np
 import pytest
 from helpers import InterruptAtEpoch
-from test_clone_model import data
-from test_clone_model import mlp
-from test_clone_model import two_tower
+from helpers import data
+from helpers import mlp
+from helpers import two_tower
 
 from keras_clones import AGNOptimizer
 from keras_clones import CloneModel
