@@ -15,15 +15,22 @@ import pytest
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
 
 WORKERS = pathlib.Path(__file__).parent / "workers"
-WORKER = WORKERS / "clone_model_worker.py"
-AGN_WORKER = WORKERS / "agn_worker.py"
+SCENARIOS = WORKERS / "scenarios.py"
 CHIEF_WORKER = WORKERS / "chief_worker.py"
 LOST_WORKER = WORKERS / "lost_worker.py"
-ARRAY_WORKER = WORKERS / "array_worker.py"
-MISMATCH_WORKER = WORKERS / "mismatch_worker.py"
-LSO_WORKER = WORKERS / "lso_worker.py"
-INF_NAN_WORKER = WORKERS / "inf_nan_worker.py"
 LAUNCH = ("-m", "keras_clones.launch", "--workers", "2")
+# The worker scripts that kill nothing: one launch runs them all, in this
+# order (the workers that disagree last), beside one process that computes
+# the references that need no worker's results.
+LAUNCHED = (
+    "clone_model_worker",
+    "agn_worker",
+    "array_worker",
+    "lso_worker",
+    "inf_nan_worker",
+    "mismatch_worker",
+)
+ALONGSIDE = ("clone_model_worker", "lso_worker", "inf_nan_worker")
 
 
 def environment(**env):
@@ -53,11 +60,11 @@ def run(*args, fails=False, **env):
 
 
 @contextlib.contextmanager
-def reference_alongside(script, out):
-    """Runs `script --reference` (one process) while the block runs: the
-    workers spend much of their time waiting on each other."""
+def reference_alongside(script, out, *names):
+    """Runs `script OUT --reference NAMES...` (one process) while the block
+    runs: the workers spend much of their time waiting on each other."""
     reference = subprocess.Popen(
-        [sys.executable, str(script), str(out), "--reference"],
+        [sys.executable, str(script), str(out), "--reference", *names],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -71,10 +78,20 @@ def reference_alongside(script, out):
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def launched(tmp_path_factory):
+    """The launch of the `LAUNCHED` scenarios: their folder, and the
+    launcher's output."""
     out = tmp_path_factory.mktemp("multi_worker")
-    with reference_alongside(WORKER, out):
-        run(*LAUNCH, str(WORKER), str(out))
+    with reference_alongside(SCENARIOS, out, *ALONGSIDE):
+        output = run(*LAUNCH, "--grace-period", "60", SCENARIOS, out, *LAUNCHED)
+    # After the workers: the reference replays the batches each was fed.
+    run(SCENARIOS, out, "--reference", "agn_worker")
+    return out, output
+
+
+@pytest.fixture(scope="module")
+def results(launched):
+    out, _ = launched
     return [np.load(out / f"worker_{i}.npz") for i in range(2)], np.load(
         out / "reference.npz"
     )
@@ -126,11 +143,8 @@ def test_workers_hold_bit_identical_weights_and_statistics(results):
 
 
 @pytest.fixture(scope="module")
-def agn_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("multi_worker_agn")
-    run(*LAUNCH, str(AGN_WORKER), str(out))
-    # After the workers: the reference replays the batches each was fed.
-    run(str(AGN_WORKER), str(out), "--reference")
+def agn_results(launched):
+    out, _ = launched
     workers = [np.load(out / f"agn_worker_{i}.npz") for i in range(2)]
     return workers, np.load(out / "agn_reference.npz")
 
@@ -388,32 +402,31 @@ def test_a_lost_worker_ends_the_others_in_bounded_time(mode, grace_period):
 
 
 def test_shuffled_arrays_give_every_row_to_one_worker_once_an_epoch(
-    tmp_path,
+    launched,
 ):
-    run(*LAUNCH, str(ARRAY_WORKER), str(tmp_path))
+    out, _ = launched
     for i in range(2):
-        counts = np.load(tmp_path / f"array_worker_{i}.npz")
+        counts = np.load(out / f"array_worker_{i}.npz")
         np.testing.assert_array_equal(counts["seen"], np.full(64, 3))
         # Unshuffled, the last clones would have trained on rows 52-55 (on
         # worker 0) and 60-63 (worker 1), whose ids sum to these.
         assert not np.array_equal(counts["last"][:4], [112, 114, 116, 118])
 
 
-def test_loss_scaling_skips_a_step_on_every_worker_alike(tmp_path):
+def test_loss_scaling_skips_a_step_on_every_worker_alike(launched):
     # Only one worker's gradients overflow; deciding alone, it would skip
     # the all-reduce the other waits in.
-    with reference_alongside(LSO_WORKER, tmp_path):
-        run(*LAUNCH, str(LSO_WORKER), str(tmp_path))
-    reference = np.load(tmp_path / "lso_reference.npz")
+    out, _ = launched
+    reference = np.load(out / "lso_reference.npz")
     assert reference["scale"] == 2.0**13  # Two skipped steps.
     for i in range(2):
-        worker = np.load(tmp_path / f"lso_{i}.npz")
+        worker = np.load(out / f"lso_{i}.npz")
         for name in reference.files:
             np.testing.assert_allclose(worker[name], reference[name], atol=1e-5)
 
 
 def test_inf_nan_check_skips_a_step_on_every_worker_when_one_is_not_finite(
-    tmp_path,
+    launched,
 ):
     # A nan in worker 1's slice only. SGD: both workers skip the step, hold
     # bit-identical weights, and match one process trained without that
@@ -426,12 +439,11 @@ def test_inf_nan_check_skips_a_step_on_every_worker_when_one_is_not_finite(
     # steps, 8 iterations, as in one process), and the commits leave them
     # bit-identical. "stop" names the skipped step's own number (2, the
     # third step), not the commit's.
-    with reference_alongside(INF_NAN_WORKER, tmp_path):
-        output = run(*LAUNCH, str(INF_NAN_WORKER), str(tmp_path))
+    out, output = launched
     stopped = "local step on a worker is not finite at optimizer step 2 "
     assert output.count(stopped) == 2, output[-6000:]
-    reference = np.load(tmp_path / "inf_nan_reference.npz")
-    workers = [np.load(tmp_path / f"inf_nan_{i}.npz") for i in range(2)]
+    reference = np.load(out / "inf_nan_reference.npz")
+    workers = [np.load(out / f"inf_nan_{i}.npz") for i in range(2)]
     for name in workers[0].files:
         np.testing.assert_array_equal(workers[0][name], workers[1][name])
     for worker in workers:
@@ -453,9 +465,9 @@ def test_inf_nan_check_skips_a_step_on_every_worker_when_one_is_not_finite(
             assert np.all(np.isfinite(worker[name])), name
 
 
-def test_workers_that_disagree_fail_with_a_clear_error():
-    # One launch, three mistakes in turn; the workers go on after each.
-    output = run(*LAUNCH, "--grace-period", "60", str(MISMATCH_WORKER))
+def test_workers_that_disagree_fail_with_a_clear_error(launched):
+    # Three mistakes in turn; the workers go on after each.
+    _, output = launched
     for mode, error in (
         ("clones", "The workers do not agree on the deployment"),
         ("activation", "The workers do not agree on the model"),

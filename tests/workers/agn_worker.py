@@ -23,6 +23,7 @@ from clone_model_worker import GLOBAL_BATCH
 from clone_model_worker import clone_model
 from clone_model_worker import data
 from clone_model_worker import layers
+from clone_model_worker import multi_worker_strategy
 from clone_model_worker import run
 from reference import agn
 from reference import models
@@ -74,7 +75,7 @@ def dataset():
 
 
 def worker(out, index):
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = multi_worker_strategy()
     arrays = {}
     # The batches this worker gets, as `fit` distributes them.
     batches = [

@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from clone_model_worker import data
+from clone_model_worker import multi_worker_strategy
 from clone_model_worker import run
 
 import keras_clones
@@ -57,7 +58,7 @@ class CountRows(keras.layers.Layer):
 def worker(out, index):
     x, y = data()
     x = np.concatenate([np.arange(len(x))[:, None], x], 1).astype("float32")
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = multi_worker_strategy()
     with strategy.scope():
         inputs = keras.Input(x.shape[1:])
         counter = CountRows(len(x))

@@ -7,6 +7,7 @@ should match: a plain model on the global batch (no BatchNormalization) and
 a CloneModel with 4 clones, the workers' 2 x 2 slices (BatchNormalization).
 """
 
+import functools
 import json
 import os
 import sys
@@ -27,6 +28,14 @@ import keras_clones  # noqa: E402
 
 GLOBAL_BATCH = 16
 EPOCHS = 2
+
+
+@functools.cache
+def multi_worker_strategy():
+    """The process's one MultiWorkerMirroredStrategy, which the scenarios
+    of a launch share (tests/workers/scenarios.py): a second one would set
+    the collectives up again while the other worker may still be sending."""
+    return tf.distribute.MultiWorkerMirroredStrategy()
 
 
 def data():
@@ -103,7 +112,7 @@ def run(worker, reference):
 
 
 def worker(out, index):
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = multi_worker_strategy()
     with strategy.scope():
         plain = clone_model(batch_norm=False, num_clones=2)
         clones = clone_model(batch_norm=True, num_clones=2)

@@ -19,6 +19,7 @@ from clone_model_worker import EPOCHS
 from clone_model_worker import GLOBAL_BATCH
 from clone_model_worker import clone_model
 from clone_model_worker import data
+from clone_model_worker import multi_worker_strategy
 from clone_model_worker import run
 
 import keras_clones
@@ -62,7 +63,7 @@ def agn_sgd_every_step():
 
 
 def worker(out, index):
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = multi_worker_strategy()
     with strategy.scope():
         plain = clone_model(batch_norm=False, num_clones=2)
         agn = clone_model(batch_norm=False, num_clones=2)

@@ -17,6 +17,7 @@ from clone_model_worker import GLOBAL_BATCH
 from clone_model_worker import clone_model
 from clone_model_worker import data
 from clone_model_worker import layers
+from clone_model_worker import multi_worker_strategy
 from clone_model_worker import run
 
 
@@ -37,7 +38,7 @@ def train(model):
 
 
 def worker(out, index):
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = multi_worker_strategy()
     with strategy.scope():
         model = clone_model(batch_norm=False, num_clones=2)
     np.savez(os.path.join(out, f"lso_{index}.npz"), **train(model))

@@ -14,6 +14,7 @@ import os
 
 import keras
 from clone_model_worker import data
+from clone_model_worker import multi_worker_strategy
 
 import keras_clones
 
@@ -37,10 +38,8 @@ def train(strategy, mode, odd):
 
 
 def main():
-    import tensorflow as tf
-
     odd = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = multi_worker_strategy()
     for mode in ("clones", "activation", "outside_scope"):
         try:
             train(strategy, mode, odd)

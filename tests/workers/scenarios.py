@@ -1,0 +1,36 @@
+"""Runs the scenarios of several worker scripts in one process, so that one
+launch of 2 workers serves them all (each process imports TensorFlow and
+joins the cluster once); see tests/test_multi_worker.py.
+
+`scenarios.py OUT NAME...`, on each worker of a launch: each script NAME's
+`worker(OUT, task index)` in turn, or its `main()` where it has no
+`worker`. `scenarios.py OUT --reference NAME...`: each NAME's
+`reference(OUT)`, in one process.
+"""
+
+import importlib
+import json
+import os
+import sys
+
+# First: it splits the CPU into logical devices before TensorFlow starts.
+import clone_model_worker  # noqa: F401
+
+
+def main():
+    out = sys.argv[1]
+    names = [a for a in sys.argv[2:] if a != "--reference"]
+    for name in names:
+        scenario = importlib.import_module(name)
+        if "--reference" in sys.argv:
+            scenario.reference(out)
+        elif hasattr(scenario, "worker"):
+            index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+            scenario.worker(out, index)
+        else:
+            scenario.main()
+        print(f"scenario {name} done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
