@@ -54,7 +54,12 @@ def scenario(tmp_path_factory):
                 [sys.executable, str(WORKER), str(workers), str(ps), *names],
                 capture_output=True,
                 text=True,
-                env=dict(os.environ, KERAS_BACKEND="tensorflow", OUT=str(out)),
+                env=dict(
+                    os.environ,
+                    KERAS_BACKEND="tensorflow",
+                    OUT=str(out),
+                    PYTHONPATH=str(WORKER.parent.parent),  # The reference.
+                ),
                 timeout=180,
             )
             assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

@@ -179,5 +179,24 @@ def test_the_mlps_gradient_is_the_slope_of_its_loss():
         (loss(vector + h * e) - loss(vector - h * e)) / (2 * h)
         for e in np.eye(vector.size)
     ]
-    gradient = agn.flat(models.tanh_mlp_mse_gradient(weights, x, y))
+    gradient = agn.flat(models.mlp_mse_gradient(weights, x, y))
     np.testing.assert_allclose(gradient, slope, atol=1e-8)
+
+
+def test_stale_reads_take_each_gradient_at_the_centers_read():
+    # Asynchronous SGD(0.1) as AGN of period 1, gradient = weights (the
+    # loss w^2 / 2), from 1.0. Reads 0, 0, 1: gradients at 1.0, 1.0, 0.9:
+    # centers 0.9, 0.8, 0.71. Fresh reads: 0.9, 0.81, 0.729.
+    def weights(worker, step, w):
+        return w
+
+    def run(reads):
+        trajectory = agn.agn(
+            [1.0], weights, 3, 1, sgd(0.1), sgd(0.1), reads=reads
+        )
+        return [center[0] for _, center in trajectory.history]
+
+    assert run([0, 0, 1]) == pytest.approx([0.9, 0.8, 0.71])
+    assert run([0, 1, 2]) == pytest.approx([0.9, 0.81, 0.729])
+    with pytest.raises(ValueError, match="one worker"):
+        agn.agn([1.0], weights, 2, 1, sgd(0.1), workers=2, reads=[0, 0])

@@ -93,6 +93,7 @@ def agn(
     overlap=False,
     mixing=0.5,
     skipped=(),
+    reads=None,
 ):
     """AGN for `steps` steps from the flat weights `start`.
 
@@ -104,6 +105,9 @@ def agn(
             `inner`.
         skipped: (worker, step) pairs that take no local step and
             accumulate nothing, yet count toward the period.
+        reads: under parameter servers (one worker, one fragment, no
+            overlap), how many commits the centers had taken when each
+            period began.
 
     Returns:
         A `Trajectory`.
@@ -120,6 +124,9 @@ def agn(
     center = start.copy()
     in_flight = [None] * fragments
     history, rounds = [], 0
+    if reads is not None and (workers, fragments, overlap) != (1, 1, False):
+        raise ValueError("`reads`: one worker, one fragment, no overlap.")
+    after = [center.copy()]  # The centers after each commit.
 
     def apply(f, mean, mixing):
         part = parts[f]
@@ -148,6 +155,9 @@ def agn(
                 a[part] = 0.0
             if not overlap:
                 apply(f, mean, mixing=0.0)
+                after.append(center.copy())
+                if reads is not None and rounds < len(reads):
+                    local[0] = after[reads[rounds]].copy()
             elif in_flight[f] is not None:
                 apply(f, in_flight[f], mixing)
             if overlap:

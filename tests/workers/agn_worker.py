@@ -132,9 +132,7 @@ def agn_by_hand(x, y, period, options, outer, skipped=()):
     def gradient(worker, step, weights):
         t = step % x.shape[1]
         weights = agn.unflat(weights, initial)
-        grads = models.tanh_mlp_mse_gradient(
-            weights, x[worker, t], y[worker, t]
-        )
+        grads = models.mlp_mse_gradient(weights, x[worker, t], y[worker, t])
         return agn.flat(grads)
 
     def inner():

@@ -20,6 +20,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras_optimizers import OPTIMIZERS  # noqa: E402
+from reference import agn as agn_by_hand  # noqa: E402
+from reference import models  # noqa: E402
+from reference import optimizers as hand  # noqa: E402
 
 import keras_clones  # noqa: E402
 from keras_clones.parameter_server import InProcessCluster  # noqa: E402
@@ -312,48 +315,38 @@ class StalenessOfEachStep(keras.callbacks.Callback):
         self.mean = mean
 
 
-def mse_gradients(model, batch):
-    """The mean squared error of `model` on `batch` (x, y), and its
-    gradients with respect to the trainable variables."""
-    x, y = batch
-    with tf.GradientTape() as tape:
-        value = keras.losses.MeanSquaredError()(y, model(x))
-    return value, tape.gradient(value, model.trainable_variables)
+def replayed(start, reads, optimizer, batches=None, period=1, **agn_options):
+    """The reference (tests/reference) on `reads`: step (period) n's
+    gradients taken at the weights after `reads[n]` updates (commits), of
+    each epoch's `batches` in order, as a worker iterates them; applied by
+    `optimizer()` by hand, the outer optimizer of an AGN of `period` (1:
+    asynchronous training with that optimizer). A step whose loss is not
+    finite is skipped, as `InfNanCheck` skips it."""
+    x, y = (np.stack(a) for a in zip(*(list(batches or dataset()))))
+    steps = len(reads) * period
+    skipped = {
+        (0, n) for n in range(steps) if not np.isfinite(y[n % STEPS]).all()
+    }
 
+    def gradient(worker, step, weights):
+        weights = agn_by_hand.unflat(weights, start)
+        grads = models.mlp_mse_gradient(
+            weights, x[step % STEPS], y[step % STEPS], "relu"
+        )
+        return agn_by_hand.flat(grads)
 
-def replayed(start, reads, optimizer, batches=None):
-    """A plain model from `start`, its step n's gradients taken at the
-    weights after `reads[n]` updates (each epoch's `batches` in order, as a
-    worker iterates them), applied by `optimizer()` in turn; a step whose
-    loss is not finite is skipped, as `InfNanCheck` skips it."""
-    plain, reader = functional(keras.Model), functional(keras.Model)
-    plain.set_weights(start)
-    optimizer = optimizer()
-    batches, after = list(batches or dataset()), [start]
-    for n, read in enumerate(reads):
-        reader.set_weights(after[read])
-        value, grads = mse_gradients(reader, batches[n % STEPS])
-        if np.isfinite(float(value)):
-            optimizer.apply_gradients(zip(grads, plain.trainable_variables))
-        after.append(plain.get_weights())
-    return plain.get_weights()
-
-
-def replayed_periods(start, reads, period):
-    """`weight_change_agn` by hand: period n's local SGD steps start from
-    the centers after `reads[n]` commits, and its weight change is added to
-    the centers."""
-    local = functional(keras.Model)
-    batches, after = list(dataset()), [start]
-    for n, read in enumerate(reads):
-        local.set_weights(after[read])
-        sgd = keras.optimizers.SGD(0.05)
-        for k in range(period):
-            _, grads = mse_gradients(local, batches[(n * period + k) % STEPS])
-            sgd.apply_gradients(zip(grads, local.trainable_variables))
-        change = [e - p for e, p in zip(local.get_weights(), after[read])]
-        after.append([c + d for c, d in zip(after[-1], change)])
-    return after[-1]
+    run = agn_by_hand.agn(
+        agn_by_hand.flat(start),
+        gradient,
+        steps,
+        period,
+        inner=lambda: hand.SGD(0.05),
+        outer=optimizer,
+        skipped=skipped,
+        reads=list(reads),
+        **agn_options,
+    )
+    return agn_by_hand.unflat(run.center, start)
 
 
 class SlowToApply(keras.callbacks.Callback):
@@ -392,29 +385,29 @@ def in_flight(strategy):
     """2 in flight on 1 worker, a coordinator slow to apply: each step's
     (period's) read position, from its staleness, and SGD, Adam, SGD with
     InfNanCheck and a nan batch, and AGN replayed by hand on those reads."""
-    optimizers = {
-        "sgd": lambda: keras.optimizers.SGD(0.05),
-        "adam": lambda: keras.optimizers.Adam(0.01),
+    optimizers = {  # name: (Keras's, by hand)
+        "sgd": (lambda: keras.optimizers.SGD(0.05), lambda: hand.SGD(0.05)),
+        "adam": (lambda: keras.optimizers.Adam(0.01), lambda: hand.Adam(0.01)),
     }
     results = {}
-    for name, optimizer in optimizers.items():
+    for name, (optimizer, by_hand) in optimizers.items():
         model, history, start, reads, staleness = fit_two_in_flight(
             strategy, optimizer, dataset()
         )
         results[name] = {
             "weights": max_difference(
-                model.get_weights(), replayed(start, reads, optimizer)
+                model.get_weights(), replayed(start, reads, by_hand)
             ),
             "fresh": max_difference(
                 model.get_weights(),
-                replayed(start, range(len(reads)), optimizer),
+                replayed(start, range(len(reads)), by_hand),
             ),
             "staleness": staleness,
             "max_staleness": history.history["max_staleness"],
             "iterations": int(model.optimizer.iterations.numpy()),
         }
     results["stopped"] = in_flight_stopped(strategy)
-    results["sgd_inf_nan"] = in_flight_inf_nan(strategy, optimizers["sgd"])
+    results["sgd_inf_nan"] = in_flight_inf_nan(strategy, *optimizers["sgd"])
     results["agn"] = in_flight_agn(strategy)
     return results
 
@@ -449,7 +442,7 @@ def in_flight_stopped(strategy):
     return counts
 
 
-def in_flight_inf_nan(strategy, optimizer):
+def in_flight_inf_nan(strategy, optimizer, by_hand):
     """SGD with InfNanCheck, a nan batch each epoch and validation."""
     x, y = data()
     y[10] = np.nan  # The second batch of every epoch.
@@ -463,7 +456,7 @@ def in_flight_inf_nan(strategy, optimizer):
     )
     return {
         "weights": max_difference(
-            model.get_weights(), replayed(start, reads, optimizer, batches)
+            model.get_weights(), replayed(start, reads, by_hand, batches)
         ),
         "staleness": staleness,
         "skipped": history.history["skipped_steps"],
@@ -477,14 +470,22 @@ def in_flight_agn(strategy):
     model, history, start, reads, staleness = fit_two_in_flight(
         strategy, weight_change_agn, dataset()
     )
-    period = model.optimizer.communication_period
+    # `weight_change_agn` by hand.
+    agn_by_hand = {
+        "period": model.optimizer.communication_period,
+        "commit": "weight_change",
+        "normalize": False,
+    }
     return {
         "weights": max_difference(
-            model.get_weights(), replayed_periods(start, reads, period)
+            model.get_weights(),
+            replayed(start, reads, lambda: hand.SGD(1.0), **agn_by_hand),
         ),
         "fresh": max_difference(
             model.get_weights(),
-            replayed_periods(start, range(len(reads)), period),
+            replayed(
+                start, range(len(reads)), lambda: hand.SGD(1.0), **agn_by_hand
+            ),
         ),
         "staleness": staleness,
         "rounds": history.history["communication_rounds"],
