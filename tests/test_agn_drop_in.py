@@ -14,6 +14,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from reference import agn
+from reference import optimizers
 
 from keras_clones import AGNOptimizer
 
@@ -468,48 +470,47 @@ def test_sparse_gradients_reach_the_inner_optimizer_undensified(period):
     assert any(isinstance(v, tf.IndexedSlices) for v in values_given)
 
 
-def hand_adam(lr, b1=0.9, b2=0.999, eps=1e-7):
-    """Keras's dense Adam step, in float32 as Keras computes it."""
-    f32 = np.float32
-    m = v = f32(0)
-    t = 0
-
-    def step(w, g):
-        nonlocal m, v, t
-        t += 1
-        m = m + (g - m) * f32(1 - b1)
-        v = v + (g * g - v) * f32(1 - b2)
-        alpha = f32(lr) * np.sqrt(1 - f32(b2) ** t) / (1 - f32(b1) ** t)
-        return w - alpha * m / (np.sqrt(v) + f32(eps))
-
-    return step
-
-
 def test_sparse_gradients_move_centers_by_dense_mean_as_hand_computation():
-    # Within 1e-6: at period 3 the outer Adam sees the mean of the period's
-    # densified gradients (duplicate rows summed), untouched rows included.
+    # At period 3 the outer Adam sees the mean of the period's densified
+    # gradients (duplicate rows summed), untouched rows included. Keras's
+    # float32 Adam lands up to 2.0e-6 from the reference's float64 (where a
+    # small second moment divides float32 rounding): 5e-6 is over twice it.
     lr, period, steps, shape = 0.1, 3, 9, (6, 2)
     rng = np.random.default_rng(8)
     table = keras.Variable(rng.normal(size=shape).astype("float32"))
     optimizer = AGNOptimizer(keras.optimizers.Adam(lr), period)
     step = tf.function(lambda g: optimizer.apply([g], [table]))
-    outer = hand_adam(lr)
-    center, accumulator = table.numpy(), np.zeros(shape, "float32")
-    for k in range(steps):
-        indices = rng.integers(0, shape[0], size=3)
-        rows = rng.normal(size=(3, shape[1])).astype("float32")
+    slices = [
+        (rng.integers(0, shape[0], size=3), rng.normal(size=(3, shape[1])))
+        for _ in range(steps)
+    ]
+    densified = []
+    for indices, rows in slices:
+        dense = np.zeros(shape)
+        np.add.at(dense, indices, rows.astype("float32"))
+        densified.append(dense.ravel())
+    by_hand = agn.agn(
+        table.numpy().ravel(),
+        agn.steps_table(densified),
+        steps,
+        period,
+        lambda: optimizers.Adam(lr),
+    )
+    for k, ((indices, rows), (_, center)) in enumerate(
+        zip(slices, by_hand.history, strict=True)
+    ):
         step(
             tf.IndexedSlices(
-                tf.constant(rows), tf.constant(indices), tf.constant(shape)
+                tf.constant(rows, "float32"),
+                tf.constant(indices),
+                tf.constant(shape),
             )
         )
-        np.add.at(accumulator, indices, rows)
+        center = center.reshape(shape)
         if (k + 1) % period == 0:
-            center = outer(center, accumulator / np.float32(period))
-            accumulator = np.zeros(shape, "float32")
-            np.testing.assert_allclose(table.numpy(), center, atol=1e-6)
+            np.testing.assert_allclose(table.numpy(), center, atol=5e-6)
         np.testing.assert_allclose(
-            optimizer.global_center_variable(table).numpy(), center, atol=1e-6
+            optimizer.global_center_variable(table).numpy(), center, atol=5e-6
         )
 
 

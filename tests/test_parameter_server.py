@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from workers import keras_optimizers
+from helpers import KERAS_OPTIMIZERS
 
 # One group under pytest-xdist: two clusters never share the cores.
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
@@ -69,7 +69,7 @@ def scenario(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "name", sorted(set(keras_optimizers.OPTIMIZERS) - {"ScheduleFreeAdamW"})
+    "name", sorted(set(KERAS_OPTIMIZERS) - {"ScheduleFreeAdamW"})
 )
 def test_agn_with_each_keras_optimizer_inside_trains_as_in_one_process(
     scenario, name

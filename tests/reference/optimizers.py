@@ -52,3 +52,28 @@ class Adam:
 def AdamW(learning_rate, weight_decay=0.004, **kwargs):
     """`keras.optimizers.AdamW`'s defaults, by hand."""
     return Adam(learning_rate, weight_decay=weight_decay, **kwargs)
+
+
+class ScheduleFreeAdamW:
+    """`keras.optimizers.ScheduleFreeAdamW`'s rule (Defazio et al. 2024) as
+    Keras writes it, with `momentum_old` the momentum before the step's
+    update (Keras's JAX and torch backends; its TensorFlow one reads the
+    updated one)."""
+
+    def __init__(self, learning_rate, beta_1=0.9, beta_2=0.999, epsilon=1e-7):
+        self.learning_rate, self.epsilon = learning_rate, epsilon
+        self.beta_1, self.beta_2 = beta_1, beta_2
+        self.z = None  # The momentum: it starts at the weights.
+        self.v = 0.0
+        self.t = 0
+
+    def step(self, y, g):
+        rate, b1, b2 = self.learning_rate, self.beta_1, self.beta_2
+        self.t += 1
+        z_old = y if self.z is None else self.z
+        self.v = self.v + (g * g - self.v) * (1 - b2)
+        denom = np.sqrt(self.v / (1 - b2**self.t)) + self.epsilon
+        self.z = z_old - rate * g / denom
+        x_old = (y - (1 - b1) * z_old) / b1
+        x_new = (1 - 1 / self.t) * x_old + (1 / self.t) * self.z
+        return (1 - b1) * self.z + b1 * x_new

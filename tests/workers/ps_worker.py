@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from keras_optimizers import OPTIMIZERS  # noqa: E402
+from helpers import KERAS_OPTIMIZERS  # noqa: E402
 from reference import agn as agn_by_hand  # noqa: E402
 from reference import models  # noqa: E402
 from reference import optimizers as hand  # noqa: E402
@@ -816,7 +816,7 @@ def agn_inner_optimizers(strategy):
     largest weight difference, and the commits applied."""
     x, y = (np.concatenate([a, a]) for a in data())  # As repeated.
     results = {}
-    for name, inner in OPTIMIZERS.items():
+    for name, inner in KERAS_OPTIMIZERS.items():
 
         def agn():
             return keras_clones.AGNOptimizer(inner(), communication_period=4)
