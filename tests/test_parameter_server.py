@@ -45,6 +45,8 @@ def scenario(tmp_path_factory):
     """`scenario(name)`: what ps_worker.py wrote for scenario `name` (its
     group runs once, in a child process)."""
     out = tmp_path_factory.mktemp("ps")
+    # tests/ on the path, for the reference.
+    path = [str(WORKER.parent.parent), os.environ.get("PYTHONPATH")]
 
     def run(name):
         path = out / f"{name}.json"
@@ -58,7 +60,7 @@ def scenario(tmp_path_factory):
                     os.environ,
                     KERAS_BACKEND="tensorflow",
                     OUT=str(out),
-                    PYTHONPATH=str(WORKER.parent.parent),  # The reference.
+                    PYTHONPATH=os.pathsep.join(filter(None, path)),
                 ),
                 timeout=180,
             )
