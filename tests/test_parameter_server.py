@@ -46,7 +46,7 @@ def scenario(tmp_path_factory):
     group runs once, in a child process)."""
     out = tmp_path_factory.mktemp("ps")
     # tests/ on the path, for the reference.
-    path = [str(WORKER.parent.parent), os.environ.get("PYTHONPATH")]
+    python_path = [str(WORKER.parent.parent), os.environ.get("PYTHONPATH")]
 
     def run(name):
         path = out / f"{name}.json"
@@ -60,7 +60,7 @@ def scenario(tmp_path_factory):
                     os.environ,
                     KERAS_BACKEND="tensorflow",
                     OUT=str(out),
-                    PYTHONPATH=os.pathsep.join(filter(None, path)),
+                    PYTHONPATH=os.pathsep.join(filter(None, python_path)),
                 ),
                 timeout=180,
             )
