@@ -13,9 +13,9 @@ import os
 import keras
 import numpy as np
 import tensorflow as tf
-from clone_model_worker import data
-from clone_model_worker import multi_worker_strategy
-from clone_model_worker import run
+from common import data
+from common import multi_worker_strategy
+from common import run
 
 import keras_clones
 

@@ -15,11 +15,11 @@ import sys
 import keras
 import numpy as np
 import tensorflow as tf
-from clone_model_worker import GLOBAL_BATCH
-from clone_model_worker import clone_model
-from clone_model_worker import data
-from clone_model_worker import layers
-from clone_model_worker import run
+from common import GLOBAL_BATCH
+from common import clone_model
+from common import data
+from common import layers
+from common import run
 
 import keras_clones
 

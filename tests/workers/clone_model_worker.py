@@ -7,58 +7,18 @@ should match: a plain model on the global batch (no BatchNormalization) and
 a CloneModel with 4 clones, the workers' 2 x 2 slices (BatchNormalization).
 """
 
-import functools
-import json
 import os
-import sys
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0],
-    [tf.config.LogicalDeviceConfiguration()] * 4,
-)
-
-import keras  # noqa: E402
-
-import keras_clones  # noqa: E402
-
-GLOBAL_BATCH = 16
-EPOCHS = 2
-
-
-@functools.cache
-def multi_worker_strategy():
-    """The process's one MultiWorkerMirroredStrategy, which the scenarios
-    of a launch share (tests/workers/scenarios.py): a second one would set
-    the collectives up again while the other worker may still be sending."""
-    return tf.distribute.MultiWorkerMirroredStrategy()
-
-
-def data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 5)).astype("float32")
-    return x, (x.sum(axis=1, keepdims=True) ** 2).astype("float32")
-
-
-def layers(batch_norm):
-    keras.utils.set_random_seed(7)
-    inputs = keras.Input((5,))
-    h = keras.layers.Dense(8, activation="tanh")(inputs)
-    if batch_norm:
-        h = keras.layers.BatchNormalization()(h)
-    return inputs, keras.layers.Dense(1)(h)
-
-
-def clone_model(batch_norm, num_clones):
-    devices = [f"/cpu:{i}" for i in range(num_clones)]
-    return keras_clones.CloneModel(
-        *layers(batch_norm),
-        deployment=keras_clones.DeploymentConfig(devices=devices),
-    )
+import keras
+import numpy as np
+import tensorflow as tf
+from common import EPOCHS
+from common import GLOBAL_BATCH
+from common import clone_model
+from common import data
+from common import layers
+from common import multi_worker_strategy
+from common import run
 
 
 def train(model, steps_per_execution=1):
@@ -100,15 +60,6 @@ def save(path, **models_and_losses):
         for i, weight in enumerate(model.weights):
             arrays[f"{name}_{i}"] = weight.numpy()
     np.savez(path, **arrays)
-
-
-def run(worker, reference):
-    """`reference(OUT)` with `--reference`, else `worker(OUT, task index)`."""
-    out = sys.argv[1]
-    if "--reference" in sys.argv:
-        reference(out)
-    else:
-        worker(out, json.loads(os.environ["TF_CONFIG"])["task"]["index"])
 
 
 def worker(out, index):

@@ -15,12 +15,12 @@ import agn_worker
 import keras
 import numpy as np
 import tensorflow as tf
-from clone_model_worker import EPOCHS
-from clone_model_worker import GLOBAL_BATCH
-from clone_model_worker import clone_model
-from clone_model_worker import data
-from clone_model_worker import multi_worker_strategy
-from clone_model_worker import run
+from common import EPOCHS
+from common import GLOBAL_BATCH
+from common import clone_model
+from common import data
+from common import multi_worker_strategy
+from common import run
 
 import keras_clones
 

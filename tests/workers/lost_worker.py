@@ -14,8 +14,8 @@ import time
 
 import keras
 import tensorflow as tf
-from clone_model_worker import clone_model
-from clone_model_worker import data
+from common import clone_model
+from common import data
 
 # Long enough for a worker busy tracing its first step on a loaded machine.
 TIMEOUT = 30.0

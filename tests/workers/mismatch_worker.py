@@ -13,8 +13,8 @@ import json
 import os
 
 import keras
-from clone_model_worker import data
-from clone_model_worker import multi_worker_strategy
+from common import data
+from common import multi_worker_strategy
 
 import keras_clones
 

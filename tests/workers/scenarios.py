@@ -14,7 +14,7 @@ import os
 import sys
 
 # First: it splits the CPU into logical devices before TensorFlow starts.
-import clone_model_worker  # noqa: F401
+import common  # noqa: F401
 
 
 def main():

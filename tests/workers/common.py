@@ -1,0 +1,66 @@
+"""What the worker scripts share (not a worker script itself): the CPU
+split into 4 logical devices before TensorFlow starts (import this first),
+the data and models of tests/test_multi_worker.py, the process's one
+MultiWorkerMirroredStrategy, and the `--reference` switch."""
+
+import functools
+import json
+import os
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration()] * 4,
+)
+
+import keras  # noqa: E402
+
+import keras_clones  # noqa: E402
+
+GLOBAL_BATCH = 16
+EPOCHS = 2
+
+
+@functools.cache
+def multi_worker_strategy():
+    """The process's one MultiWorkerMirroredStrategy, which the scenarios
+    of a launch share (tests/workers/scenarios.py): a second one would set
+    the collectives up again while the other worker may still be sending."""
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 5)).astype("float32")
+    return x, (x.sum(axis=1, keepdims=True) ** 2).astype("float32")
+
+
+def layers(batch_norm):
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((5,))
+    h = keras.layers.Dense(8, activation="tanh")(inputs)
+    if batch_norm:
+        h = keras.layers.BatchNormalization()(h)
+    return inputs, keras.layers.Dense(1)(h)
+
+
+def clone_model(batch_norm, num_clones):
+    devices = [f"/cpu:{i}" for i in range(num_clones)]
+    return keras_clones.CloneModel(
+        *layers(batch_norm),
+        deployment=keras_clones.DeploymentConfig(devices=devices),
+    )
+
+
+def run(worker, reference):
+    """`reference(OUT)` with `--reference`, else `worker(OUT, task index)`."""
+    out = sys.argv[1]
+    if "--reference" in sys.argv:
+        reference(out)
+    else:
+        worker(out, json.loads(os.environ["TF_CONFIG"])["task"]["index"])
