@@ -32,7 +32,7 @@ def run_rule(options, inner, outer):
 
 
 @pytest.mark.parametrize("name", sorted(RULES))
-@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("dtype", [None, "bfloat16", "float16"])
 def test_rule_matches_hand_computation(name, dtype):
     options, inner, hand_inner, outer, hand_outer = RULES[name]
     options = dict(options, communication_dtype=dtype)
@@ -48,8 +48,8 @@ def test_rule_matches_hand_computation(name, dtype):
         hand_outer,
         **options,
     )
-    # bfloat16 rounds the commit: the hand computation rounds alike,
-    # from float64 values (one rounding may land a bfloat16 ulp away).
+    # 16 bits round the commit: the hand computation rounds alike, from
+    # float64 values (one rounding may land a 16-bit ulp away).
     atol = 1e-5 if dtype is None else 1e-2
     for (got_local, got_center), (local, center) in zip(
         history, by_hand.history, strict=True

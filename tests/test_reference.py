@@ -119,6 +119,8 @@ def test_bfloat16_rounds_each_workers_share_then_the_sum():
     # Ties go to even: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7.
     assert agn.bfloat16(1 + 2**-8) == 1.0
     assert agn.bfloat16(1 + 3 * 2**-8) == 1 + 2**-6
+    # float16 keeps 10 bits: 1/3 -> 0.333251953125.
+    assert agn.rounded(1 / 3, "float16") == 0.333251953125
 
 
 def test_a_skipped_step_takes_no_local_step_yet_counts_toward_the_period():

@@ -1,5 +1,6 @@
 """Accumulated Gradient Normalization by hand, in NumPy: the one reference
-the AGN tests compare against, in one process and across workers.
+the AGN tests compare against, in one process, across workers and under
+parameter servers.
 
 Weights are one flat vector (`flat`, `unflat` convert a list of arrays).
 At each step every worker takes a local step with its own inner optimizer
@@ -8,12 +9,13 @@ equal shares) ends its period at steps (f + 1) * period / F of each period:
 every worker commits its part (the accumulated gradients, or with
 `commit="weight_change"` how far its weights moved since the part's last
 commit), divided by the period unless `normalize=False`; the mean over
-workers (summed in bfloat16 with `communication_dtype="bfloat16"`) moves
-the part's centers by the fragment's own outer optimizer, and the workers'
-parts take the centers. With `overlap`, a commit moves the centers a
-period late, at the fragment's next commit, and each worker's part then
-mixes with them (`mixing` of its own); the end of training applies the
-commits in flight. Plain AGN is one fragment without overlap.
+workers (summed in 16 bits with `communication_dtype` "bfloat16" or
+"float16") moves the part's centers by the fragment's own outer
+optimizer, and the workers' parts take the centers. With `overlap`, a
+commit moves the centers a period late, at the fragment's next commit,
+and each worker's part then mixes with them (`mixing` of its own); the
+end of training applies the commits in flight. Plain AGN is one
+fragment without overlap.
 """
 
 import dataclasses
@@ -36,10 +38,18 @@ def unflat(vector, like):
     return arrays
 
 
-def bfloat16(value):
-    """`value` rounded to bfloat16 (to nearest, ties to even), as float64."""
+SIXTEEN_BITS = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def rounded(value, dtype):
+    """`value` rounded to `dtype` ("bfloat16" or "float16"; to nearest,
+    ties to even, from float32 as TensorFlow casts), as float64."""
     value = np.asarray(value, "float32")
-    return value.astype(ml_dtypes.bfloat16).astype("float64")
+    return value.astype(SIXTEEN_BITS[dtype]).astype("float64")
+
+
+def bfloat16(value):
+    return rounded(value, "bfloat16")
 
 
 @dataclasses.dataclass
@@ -70,10 +80,11 @@ def ends_at(step, period, fragments):
 
 def mean_commit(sent, communication_dtype):
     """The mean over workers of their commits, as the all-reduce sums it
-    (in bfloat16: each worker's share rounded, then the sum)."""
+    (in 16 bits: each worker's share rounded, then the sum)."""
     workers = len(sent)
-    if communication_dtype == "bfloat16":
-        return bfloat16(sum(bfloat16(s / workers) for s in sent))
+    if communication_dtype in SIXTEEN_BITS:
+        shares = [rounded(s / workers, communication_dtype) for s in sent]
+        return rounded(sum(shares), communication_dtype)
     return sum(sent) / workers
 
 
