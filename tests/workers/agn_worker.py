@@ -24,9 +24,8 @@ from common import clone_model
 from common import data
 from common import layers
 from common import multi_worker_strategy
+from common import replayed_on_the_mlp
 from common import run
-from reference import agn
-from reference import models
 from reference import optimizers
 
 import keras_clones
@@ -68,6 +67,10 @@ RUNS = {
 
 def sgd():
     return keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
+
+
+def sgd_by_hand():
+    return optimizers.SGD(LEARNING_RATE, MOMENTUM)
 
 
 def dataset():
@@ -122,44 +125,16 @@ def worker(out, index):
     np.savez(os.path.join(out, f"agn_worker_{index}.npz"), **arrays)
 
 
-def agn_by_hand(x, y, period, options, outer, skipped=()):
-    """AGN across workers, by the reference (tests/reference): `x[w, t]`
-    is worker w's t-th batch; the (worker, step) pairs in `skipped` take no
-    local step (InfNanCheck's skip: no update, no accumulation). Each
-    worker's local weights and the centers, as lists of arrays."""
-    initial = keras.Model(*layers(batch_norm=False)).get_weights()
-
-    def gradient(worker, step, weights):
-        t = step % x.shape[1]
-        weights = agn.unflat(weights, initial)
-        grads = models.mlp_mse_gradient(weights, x[worker, t], y[worker, t])
-        return agn.flat(grads)
-
-    def inner():
-        return optimizers.SGD(LEARNING_RATE, MOMENTUM)
-
-    run = agn.agn(
-        agn.flat(initial),
-        gradient,
-        EPOCHS * x.shape[1],
-        period,
-        inner,
-        outer and (lambda: optimizers.SGD(*outer)),
-        workers=WORKERS,
-        skipped=skipped,
-        **options,
-    )
-    local = [agn.unflat(w, initial) for w in run.local]
-    return local, agn.unflat(run.center, initial)
-
-
 def reference(out):
     fed = [np.load(os.path.join(out, f"agn_worker_{w}.npz")) for w in range(2)]
     x = np.stack([f["x"] for f in fed])
     y = np.stack([f["y"] for f in fed])
     arrays = {}
     for name, (period, options, outer) in RUNS.items():
-        local, center = agn_by_hand(x, y, period, options, outer)
+        outer_by_hand = outer and (lambda: optimizers.SGD(*outer))
+        local, center = replayed_on_the_mlp(
+            x, y, period, sgd_by_hand, outer_by_hand, **options
+        )
         for i, c in enumerate(center):
             arrays[f"{name}_center_{i}"] = c
         for w in range(WORKERS):

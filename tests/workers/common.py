@@ -19,6 +19,8 @@ tf.config.set_logical_device_configuration(
 )
 
 import keras  # noqa: E402
+from reference import agn  # noqa: E402
+from reference import models  # noqa: E402
 
 import keras_clones  # noqa: E402
 
@@ -64,3 +66,33 @@ def run(worker, reference):
         reference(out)
     else:
         worker(out, json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+
+
+def replayed_on_the_mlp(x, y, period, inner, outer=None, skipped=(), **options):
+    """AGN across workers by the reference (tests/reference) on the model
+    of `layers(batch_norm=False)`: `x[w, t]` is worker w's t-th batch, of
+    `EPOCHS` epochs; `inner` and `outer` make the optimizers by hand; the
+    (worker, step) pairs in `skipped` take no local step (InfNanCheck's
+    skip). Each worker's local weights and the centers, as lists of
+    arrays."""
+    initial = keras.Model(*layers(batch_norm=False)).get_weights()
+
+    def gradient(worker, step, weights):
+        t = step % x.shape[1]
+        weights = agn.unflat(weights, initial)
+        grads = models.mlp_mse_gradient(weights, x[worker, t], y[worker, t])
+        return agn.flat(grads)
+
+    replayed = agn.agn(
+        agn.flat(initial),
+        gradient,
+        EPOCHS * x.shape[1],
+        period,
+        inner,
+        outer,
+        workers=len(x),
+        skipped=skipped,
+        **options,
+    )
+    local = [agn.unflat(w, initial) for w in replayed.local]
+    return local, agn.unflat(replayed.center, initial)

@@ -11,7 +11,6 @@ batch, on the data without that batch, and computes AGN's by hand.
 
 import os
 
-import agn_worker
 import keras
 import numpy as np
 import tensorflow as tf
@@ -20,7 +19,9 @@ from common import GLOBAL_BATCH
 from common import clone_model
 from common import data
 from common import multi_worker_strategy
+from common import replayed_on_the_mlp
 from common import run
+from reference import optimizers
 
 import keras_clones
 
@@ -80,7 +81,7 @@ def worker(out, index):
     np.savez(os.path.join(out, f"inf_nan_{index}.npz"), **arrays)
 
 
-def agn_by_hand_without_the_nan_step():
+def agn_replayed_without_the_nan_step():
     """AGN's weights by hand, worker 1's local step on the nan skipped."""
     x, y = data()
     x[NAN_ROW, 0] = np.nan
@@ -90,7 +91,9 @@ def agn_by_hand_without_the_nan_step():
     x, y = (a.reshape(steps, 2, half, -1).transpose(1, 0, 2, 3) for a in (x, y))
     nan_step = NAN_ROW // GLOBAL_BATCH
     skipped = {(1, epoch * steps + nan_step) for epoch in range(EPOCHS)}
-    local, _ = agn_worker.agn_by_hand(x, y, 2, {}, None, skipped)
+    local, _ = replayed_on_the_mlp(
+        x, y, 2, lambda: optimizers.SGD(0.05, 0.9), skipped=skipped
+    )
     return local[0]
 
 
@@ -101,7 +104,7 @@ def reference(out):
     for name in list(arrays):
         if name.startswith("sgd_weight_"):
             arrays[name.replace("sgd_", "agn1_")] = arrays[name]
-    for i, weight in enumerate(agn_by_hand_without_the_nan_step()):
+    for i, weight in enumerate(agn_replayed_without_the_nan_step()):
         arrays[f"agn_weight_{i}"] = weight
     np.savez(os.path.join(out, "inf_nan_reference.npz"), **arrays)
 
