@@ -1,11 +1,22 @@
 """What the tests share: AGN's recipes with their references by hand, and
 callbacks. Imports no TensorFlow and no test module or worker script."""
 
+import os
+import pathlib
+
 import keras
 import numpy as np
 from reference import optimizers
 
 INNER_LR = 0.1
+
+
+def python_path_with_tests():
+    """`PYTHONPATH` with tests/ first, for processes whose scripts import
+    the reference (tests/reference) or these helpers."""
+    path = [str(pathlib.Path(__file__).parent), os.environ.get("PYTHONPATH")]
+    return os.pathsep.join(filter(None, path))
+
 
 # name: (AGNOptimizer's options, the inner optimizer and the outer one as
 # Keras optimizers and by hand, tests/reference). The README's recipes.

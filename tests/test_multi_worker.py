@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import python_path_with_tests
 
 # One group under pytest-xdist: two clusters never share the cores.
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
@@ -36,12 +37,11 @@ ALONGSIDE = ("clone_model_worker", "lso_worker", "inf_nan_worker")
 def environment(**env):
     """The workers' environment: the TensorFlow backend, and tests/ on the
     path for the reference (tests/reference)."""
-    path = [str(pathlib.Path(__file__).parent), os.environ.get("PYTHONPATH")]
     return dict(
         os.environ,
         KERAS_BACKEND="tensorflow",
         TF_CPP_MIN_LOG_LEVEL="2",
-        PYTHONPATH=os.pathsep.join(filter(None, path)),
+        PYTHONPATH=python_path_with_tests(),
         **env,
     )
 

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from helpers import KERAS_OPTIMIZERS
+from helpers import python_path_with_tests
 
 # One group under pytest-xdist: two clusters never share the cores.
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
@@ -45,8 +46,6 @@ def scenario(tmp_path_factory):
     """`scenario(name)`: what ps_worker.py wrote for scenario `name` (its
     group runs once, in a child process)."""
     out = tmp_path_factory.mktemp("ps")
-    # tests/ on the path, for the reference.
-    python_path = [str(WORKER.parent.parent), os.environ.get("PYTHONPATH")]
 
     def run(name):
         path = out / f"{name}.json"
@@ -60,7 +59,7 @@ def scenario(tmp_path_factory):
                     os.environ,
                     KERAS_BACKEND="tensorflow",
                     OUT=str(out),
-                    PYTHONPATH=os.pathsep.join(filter(None, python_path)),
+                    PYTHONPATH=python_path_with_tests(),
                 ),
                 timeout=180,
             )

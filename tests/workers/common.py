@@ -59,13 +59,18 @@ def clone_model(batch_norm, num_clones):
     )
 
 
+def task_index():
+    """This worker's index in the launcher's cluster (`TF_CONFIG`)."""
+    return json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+
+
 def run(worker, reference):
     """`reference(OUT)` with `--reference`, else `worker(OUT, task index)`."""
     out = sys.argv[1]
     if "--reference" in sys.argv:
         reference(out)
     else:
-        worker(out, json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+        worker(out, task_index())
 
 
 def replayed_on_the_mlp(x, y, period, inner, outer=None, skipped=(), **options):

@@ -6,7 +6,6 @@ the strategy's collectives time out after `TIMEOUT` seconds. Worker 0 must
 fail by itself, with keras_clones's error, and prints how long it waited.
 """
 
-import json
 import os
 import signal
 import sys
@@ -16,6 +15,7 @@ import keras
 import tensorflow as tf
 from common import clone_model
 from common import data
+from common import task_index
 
 # Long enough for a worker busy tracing its first step on a loaded machine.
 TIMEOUT = 30.0
@@ -36,7 +36,7 @@ class LoseWorker(keras.callbacks.Callback):
 
 
 def main(mode):
-    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    index = task_index()
     options = None
     if mode == "stall":
         options = tf.distribute.experimental.CommunicationOptions(

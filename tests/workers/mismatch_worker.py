@@ -9,12 +9,11 @@ time; they print it, and go on to the next case.
 """
 
 import contextlib
-import json
-import os
 
 import keras
 from common import data
 from common import multi_worker_strategy
+from common import task_index
 
 import keras_clones
 
@@ -38,7 +37,7 @@ def train(strategy, mode, odd):
 
 
 def main():
-    odd = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1
+    odd = task_index() == 1
     strategy = multi_worker_strategy()
     for mode in ("clones", "activation", "outside_scope"):
         try:

@@ -9,12 +9,10 @@ joins the cluster once); see tests/test_multi_worker.py.
 """
 
 import importlib
-import json
-import os
 import sys
 
 # First: it splits the CPU into logical devices before TensorFlow starts.
-import common  # noqa: F401
+import common
 
 
 def main():
@@ -25,8 +23,7 @@ def main():
         if "--reference" in sys.argv:
             scenario.reference(out)
         elif hasattr(scenario, "worker"):
-            index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-            scenario.worker(out, index)
+            scenario.worker(out, common.task_index())
         else:
             scenario.main()
         print(f"scenario {name} done", flush=True)
