@@ -12,14 +12,15 @@ from keras_clones import clones
 from keras_clones import modes
 from keras_clones import optimizer_capabilities
 from keras_clones import replication
+from keras_clones import step_hooks
+from keras_clones.conditional import run_if
 from keras_clones.deployment import DeploymentConfig
-from keras_clones.deprecated_halves import DeprecatedHalves
 from keras_clones.step_hooks import Step
 from keras_clones.step_hooks import StepHooks
 
 
 @keras.saving.register_keras_serializable(package="keras_clones")
-class CloneModel(DeprecatedHalves, keras.Model):
+class CloneModel(keras.Model):
     """A `keras.Model` whose steps split each batch across clone devices.
 
     TF-Slim's `model_deploy`, done for Keras 3: `train_step` slices every
@@ -356,7 +357,8 @@ class CloneModel(DeprecatedHalves, keras.Model):
         Returns:
             A `ComputedStep`. With `values`, its `non_trainable_values`
             are the non-trainable values after the step (the moved state
-            included).
+            included). With a guard in the step hooks, its `finite` is the
+            verdict the guard judges in `apply`.
         """
         deployment = self._deployment
         reads = self._reads(values)
@@ -365,7 +367,7 @@ class CloneModel(DeprecatedHalves, keras.Model):
         with tf.device(deployment.optimizer_device()):
             grads, copy_grads = self._combine(run, reads)
             y_pred = clones.merge_outputs(run.y_preds, run.sizes)
-            return clones.computed_step(
+            computed = clones.computed_step(
                 run,
                 batch,
                 y_pred,
@@ -373,6 +375,12 @@ class CloneModel(DeprecatedHalves, keras.Model):
                 copy_grads=copy_grads,
                 moved_state=reads.moved.values(),
                 non_trainable_values=reads.non_trainable_values(),
+            )
+            if self._step_hooks.guard is None:
+                return computed
+            # The verdict a guard judges (`apply`).
+            return computed._replace(
+                finite=step_hooks.finiteness(computed.loss, grads)
             )
 
     def _reads(self, values):
@@ -392,13 +400,14 @@ class CloneModel(DeprecatedHalves, keras.Model):
         """The second half of a training step: the moved state and one
         optimizer update of `computed` (a `ComputedStep`), through the step
         hooks: observers see the step, and a guard may skip it (then
-        neither applies).
+        neither applies), judging `computed.finite`.
 
         Returns:
             Whether the update applied (a boolean tensor), or None without
             a guard.
         """
         trainable = self.trainable_variables
+        optimizer = self.optimizer
 
         def move_state():
             self._move_state(computed.moved_state)
@@ -413,30 +422,41 @@ class CloneModel(DeprecatedHalves, keras.Model):
             if (
                 self._copies is None
                 and trainable
-                and optimizer_capabilities.takes_local_steps(self.optimizer)
+                and optimizer_capabilities.takes_local_steps(optimizer)
             ):
-                # An AGNOptimizer's step in parts, so that across workers
-                # the guard skips only this worker's local step.
-                return optimizer_capabilities.apply_in_parts(
-                    self.optimizer, self._step_hooks, step, before=move_state
+                # An AGNOptimizer's local step takes the verdict: across
+                # workers it may be this worker's alone.
+                applied = self._step_hooks.decide(
+                    step, computed.finite, alone=optimizer.skips_alone
                 )
+                if applied is None:
+                    move_state()
+                else:
+                    run_if(applied, move_state)
+                optimizer.apply_local_step(
+                    computed.grads, trainable, applied, self._step_hooks
+                )
+                return applied
 
             def update_weights():
                 if self._copies is None:
-                    self.optimizer.apply(computed.grads, trainable)
+                    optimizer.apply(computed.grads, trainable)
                 else:
                     self._copies.update(computed.copy_grads)
 
             def update():
                 move_state()
-                if trainable and self.optimizer is not None:
+                if trainable and optimizer is not None:
                     update_weights()
 
             # A LossScaleOptimizer must see a skipped step's overflow, to
             # lower its scale; it skips its inner optimizer's update itself.
-            loss_scaled = optimizer_capabilities.loss_scaled(self.optimizer)
+            loss_scaled = optimizer_capabilities.loss_scaled(optimizer)
             return self._step_hooks.run(
-                step, update, on_skip=update_weights if loss_scaled else None
+                step,
+                update,
+                computed.finite,
+                on_skip=update_weights if loss_scaled else None,
             )
 
     def _move_state(self, moved_state):

@@ -26,3 +26,6 @@ class ComputedStep(typing.NamedTuple):
     copy_grads: list = ()  # Replicated variables: each copy's gradients.
     moved_state: list = ()  # The float state the clones move, after it.
     non_trainable_values: object = None  # With `values`: all, moved.
+    # With a guard: whether the loss, then each gradient, is finite (a
+    # boolean vector, `step_hooks.finiteness`), the verdict it judges.
+    finite: object = None

@@ -38,46 +38,11 @@ def step_hooks(optimizer):
 def takes_local_steps(optimizer):
     """Whether `optimizer` itself (not inside a `LossScaleOptimizer`, which
     calls its `apply`) takes local steps between synchronisations, as an
-    `AGNOptimizer`: it then offers `apply` in parts,
-    `begin_local_step(variables)`, never skipped,
-    `apply_local(grads, variables)`, which a guard may skip on one worker
-    alone (or, unless `skips_alone`, with every other worker), and
-    `end_local_step(grads, variables, step_hooks, applied)`, which counts
-    the step and commits through the guard of `step_hooks`."""
-    return callable(getattr(optimizer, "end_local_step", None))
-
-
-def apply_in_parts(optimizer, hooks, step, before=None):
-    """One step of an optimizer that `takes_local_steps`, through `hooks`.
-
-    One rule in every mode (one process, across workers, and as parameter
-    servers run it): its first step's start is never skipped; the guard (if
-    any) sees `step` and may skip the local step (and `before()`, e.g. a
-    model's state update, which runs first), which then changes no weight,
-    slot, accumulator or statistic; the end of the step always runs, so a
-    skipped step still counts toward the period (`local_step` and the
-    wrapper's `iterations` advance), and at the period's end the commit
-    happens with the period's applied steps. Across workers a skip is this
-    worker's alone, counted at the commit; except where every step commits
-    (not `skips_alone`: a period of 1), where the workers skip a step
-    together, and a skipped step commits nothing, as a bare optimizer's.
-
-    Returns:
-        As `StepHooks.run`: whether the guarded update ran, or None.
-    """
-    grads, variables = step.grads, step.variables
-
-    def update():
-        if before is not None:
-            before()
-        optimizer.apply_local(grads, variables)
-
-    optimizer.begin_local_step(variables)
-    alone = getattr(optimizer, "skips_alone", True)
-    agreement = "deferred" if alone else "all_reduce"
-    applied = hooks.run(step._replace(skip_agreement=agreement), update)
-    optimizer.end_local_step(grads, variables, hooks, applied)
-    return applied
+    `AGNOptimizer`: it then takes a step whose verdict the caller judged,
+    `apply_local_step(grads, variables, applied, step_hooks)`, in which a
+    skipped local step still counts toward the period, and tells whether
+    a worker `skips_alone`."""
+    return callable(getattr(optimizer, "apply_local_step", None))
 
 
 def commits_around_execution(optimizer):

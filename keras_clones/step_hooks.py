@@ -4,46 +4,107 @@ A `CloneModel` and an `AGNOptimizer` each have `step_hooks`, a
 `StepHooks`: the one place where something outside them (a callback) adds
 work to their training step. Two kinds of hook, told apart by their method:
 
-- a **guard** (at most one), `apply_if(step, update, on_skip)`: decides
-  inside the step whether `update()` (the optimizer's update) runs, calls
-  `on_skip()` (if given) when it does not, and returns whether it did (a
-  boolean tensor) (`keras_clones.callbacks.InfNanCheck`);
+- a **guard** (at most one), a policy: `judge(verdict)` takes a step's
+  `Verdict` (whether its loss and each gradient are finite) and returns
+  whether its update applies (a boolean tensor), keeping its own counters
+  (`keras_clones.callbacks.InfNanCheck`); the host then runs the update
+  under one conditional. `report_skips(count, first_iteration)` tells it of
+  local steps a worker skipped alone, at the commit that counts them;
 - **observers**, `observe(step)`: see the step's combined gradients and
   per-clone losses before the update (`keras_clones.callbacks.LossSummaries`).
 
-Both receive a `Step`. A hook may have `metrics` (Keras metrics, e.g. the
-guard's `skipped_steps`); a host whose `StepHooks` has `reports_metrics`
-puts their results in its training logs, as it does its own metrics.
-Hooks are part of the traced step: callbacks register
-them with `attach(model, hooks, hook)` in `on_train_begin` and remove them
-with `detach` in `on_train_end`, which rebuild `model`'s train function only
-when it was traced with other hooks, so a `fit` traces at most once more
-than it would without them.
+A hook may have `metrics` (Keras metrics, e.g. the guard's
+`skipped_steps`); a host whose `StepHooks` has `reports_metrics` puts their
+results in its training logs, as it does its own metrics. Hooks are part of
+the traced step: callbacks register them with `attach(model, hooks, hook)`
+in `on_train_begin` and remove them with `detach` in `on_train_end`, which
+rebuild `model`'s train function only when it was traced with other hooks,
+so a `fit` traces at most once more than it would without them.
 """
 
 import typing
 
+import tensorflow as tf
+
+from keras_clones import gradients
 from keras_clones import optimizer_capabilities
+from keras_clones.conditional import run_if
 
 
 class Step(typing.NamedTuple):
-    """What a hook sees of one training step (tensors of the traced step)."""
+    """What an observer sees of one training step (tensors of the traced
+    step)."""
 
     grads: list  # The gradients to apply (summed over clones), or None.
     variables: list  # The variables they apply to, in the same order.
     loss: object = None  # The step's loss, where the host knows it.
     clone_losses: tuple = ()  # Each clone's share of the loss (CloneModel).
-    # How workers agree on skipping it: "all_reduce" when the update
-    # communicates (all-reduced gradients), so all must skip it together;
-    # "deferred" for an `AGNOptimizer`'s local step (a period longer than 1:
-    # `skips_alone`), which a worker skips alone, the skips counted at the
-    # commit (`count_deferred_skips`);
-    # "none" for its commit, which is the same on every worker.
-    skip_agreement: str = "all_reduce"
+
+
+def finiteness(loss, grads):
+    """Whether `loss` (if not None), then each gradient of `grads`, is
+    finite: a boolean vector (a missing gradient is finite)."""
+    values = list(grads) if loss is None else [loss, *grads]
+    return tf.stack([gradients.is_finite(v) for v in values])
+
+
+class Verdict(typing.NamedTuple):
+    """Whether a step's loss and gradients are finite: data a guard
+    judges."""
+
+    finite: object  # A boolean vector: the loss (if `has_loss`), then each
+    # gradient of `variables`, then any agreement (`agreed`).
+    variables: list  # The variables of the gradients, for the names.
+    has_loss: bool = True
     # The optimizer step this is (`optimizer.iterations` before it), where
     # the guard's step counter does not say it (a worker's local step,
     # judged on the coordinator after its period); None: the counter.
     iteration: object = None
+    # Across workers (`across_workers`): whether every worker's checks
+    # passed (then the last check of `finite`) and its loss was finite.
+    every_worker: tuple = ()
+
+    @property
+    def passed(self):
+        """Whether every check passed (a boolean tensor)."""
+        return tf.reduce_all(self.finite)
+
+    @property
+    def loss_passed(self):
+        """Whether the loss was finite (on every worker, if agreed)."""
+        if self.every_worker:
+            return self.every_worker[1]
+        return self.finite[0] if self.has_loss else tf.constant(True)
+
+    @property
+    def names(self):
+        """The name of each check, in the order of `finite`."""
+        names = ["the loss"] if self.has_loss else []
+        names += [
+            f"the gradient of {gradients.variable_name(v)}"
+            for v in self.variables
+        ]
+        if self.every_worker:
+            names.append("the loss or a gradient on another worker")
+        return names
+
+    def across_workers(self):
+        """This verdict, agreed by every worker (one small all-reduce, in a
+        replica context across several): one more check, whether every
+        worker's passed; as it is elsewhere."""
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return self
+        mine = tf.stack([tf.reduce_all(self.finite), self.loss_passed])
+        failures = context.all_reduce(
+            tf.distribute.ReduceOp.SUM,
+            tf.cast(tf.logical_not(mine), "float32"),
+        )
+        every = tf.unstack(tf.equal(failures, 0.0))
+        return self._replace(
+            finite=tf.concat([self.finite, every[:1]], 0),
+            every_worker=tuple(every),
+        )
 
 
 class StepHooks:
@@ -67,13 +128,13 @@ class StepHooks:
         return self._observers
 
     def add(self, hook):
-        """Registers a guard (`apply_if`) or an observer (`observe`)."""
-        is_guard = callable(getattr(hook, "apply_if", None))
+        """Registers a guard (`judge`) or an observer (`observe`)."""
+        is_guard = callable(getattr(hook, "judge", None))
         is_observer = callable(getattr(hook, "observe", None))
         if not (is_guard or is_observer):
             raise TypeError(
-                "A step hook is a guard, with an `apply_if(step, update, "
-                "on_skip)` method, or an observer, with an `observe(step)` "
+                "A step hook is a guard, with a `judge(verdict)` method, "
+                "or an observer, with an `observe(step)` "
                 f"method. Received: {hook!r}."
             )
         if is_guard:
@@ -99,53 +160,82 @@ class StepHooks:
             self._guard = None
         self._observers = tuple(o for o in self._observers if o is not hook)
 
-    def run(self, step, update, on_skip=None):
-        """Called by the host inside its step: the observers see `step`,
-        then `update()` runs, through the guard if there is one.
-
-        Returns:
-            None without a guard (the update ran), else the guard's boolean
-            tensor: whether the update ran.
-        """
+    def observe(self, step):
+        """Called by the host inside its step, before the update: the
+        observers see `step`."""
         self._traced = self._registered()
         for observer in self._observers:
             observer.observe(step)
+
+    def judge(self, verdict):
+        """The guard's judgement of `verdict` (a `Verdict`): whether the
+        update applies, a boolean tensor; None without a guard."""
         if self._guard is None:
-            update()
             return None
-        return self._verdict(self._guard.apply_if(step, update, on_skip))
-
-    def guarded(self, step, update):
-        """Runs `update()` through the guard only (no observers), for a
-        second update within one step, such as an `AGNOptimizer`'s commit.
-
-        Returns:
-            As `run`.
-        """
-        if self._guard is None:
-            update()
-            return None
-        return self._verdict(self._guard.apply_if(step, update, None))
-
-    def _verdict(self, applied):
-        """The guard's answer: a boolean tensor, which the host needs (an
-        `AGNOptimizer` commits a one-step period only if it applied)."""
+        applied = self._guard.judge(verdict)
         if applied is None:
             raise TypeError(
-                "A step hook's `apply_if(step, update, on_skip)` must return "
-                "whether the update ran, as a boolean tensor (e.g. the "
-                f"`tf.cond` predicate). {self._guard!r} returned None."
+                "A guard's `judge(verdict)` must return whether the update "
+                "applies, as a boolean tensor (e.g. `verdict.passed`). "
+                f"{self._guard!r} returned None."
             )
         return applied
 
-    def count_deferred_skips(self):
+    def judge_update(self, grads, variables, loss=None, iteration=None):
+        """The guard's judgement of an update made inside the step (such as
+        an `AGNOptimizer`'s commit), which is the same on every worker:
+        whether it applies, or None without a guard."""
+        if self._guard is None:
+            return None
+        verdict = Verdict(
+            finiteness(loss, grads), variables, loss is not None, iteration
+        )
+        return self.judge(verdict)
+
+    def decide(self, step, finite=None, alone=False):
+        """Called by the host inside its step, before the update: the
+        observers see `step`, and the guard, if any, judges it from
+        `finite` (`finiteness` of its loss and gradients, where the host
+        computed it), agreed across workers. With `alone` (an
+        `AGNOptimizer` whose worker skips a local step alone) the guard
+        does not judge it now: the optimizer counts it, and reports it at
+        the commit.
+
+        Returns:
+            None without a guard, else whether the update applies (a
+            boolean tensor).
+        """
+        self.observe(step)
+        if self._guard is None:
+            return None
+        if finite is None:
+            finite = finiteness(step.loss, step.grads)
+        verdict = Verdict(finite, step.variables, step.loss is not None)
+        if alone:
+            return verdict.passed
+        return self.judge(verdict.across_workers())
+
+    def run(self, step, update, finite=None, on_skip=None):
+        """`decide` on `step`, then `update()` where it applies, else
+        `on_skip()` (if given).
+
+        Returns:
+            As `decide`.
+        """
+        applied = self.decide(step, finite)
+        if applied is None:
+            update()
+        else:
+            run_if(applied, update, on_skip)
+        return applied
+
+    def report_skips(self, count, first_iteration):
         """Called by the host where every worker synchronises (an
-        `AGNOptimizer`'s commit): the guard counts the local steps the
-        workers skipped since the last call (`Step.skip_agreement`)."""
-        if self._guard is not None and hasattr(
-            self._guard, "count_deferred_skips"
-        ):
-            self._guard.count_deferred_skips()
+        `AGNOptimizer`'s commit): `count` local steps (a float32 tensor,
+        the same on every worker) were skipped alone since the last call,
+        the first at optimizer step `first_iteration` (-1: none)."""
+        if self._guard is not None:
+            self._guard.report_skips(count, first_iteration)
 
     def traced_with_other_hooks(self):
         """Whether the host's step was last traced with other hooks."""

@@ -273,7 +273,7 @@ def test_a_commit_from_elsewhere_moves_centers_by_the_outer_rule():
         communication_period=4,
         outer_optimizer=keras.optimizers.SGD(0.5),
     )
-    optimizer.start_centers_from_variables(variables)
+    optimizer.start_from_model(variables)
     center = optimizer.global_center_variable(variables[0])
     np.testing.assert_array_equal(center.numpy(), [1.0, 2.0])
     optimizer.apply_commit([tf.constant([0.2, -0.4])], variables)
@@ -284,7 +284,7 @@ def test_a_commit_from_elsewhere_moves_centers_by_the_outer_rule():
     assert int(optimizer.communication_rounds.numpy()) == 1
     # Only the first start copies the variables into the centers.
     variables[0].assign([5.0, 5.0])
-    optimizer.start_centers_from_variables(variables)
+    optimizer.start_from_model(variables)
     np.testing.assert_allclose(center.numpy(), [0.9, 2.2], atol=1e-7)
 
 

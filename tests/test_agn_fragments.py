@@ -13,7 +13,7 @@ from reference import agn
 from reference import optimizers
 
 from keras_clones import AGNOptimizer
-from keras_clones.agn_fragments import Fragments
+from keras_clones.agn import fragment
 
 PERIOD, STEPS, SIZE = 4, 12, 10
 # An outer Adam: each fragment's bias correction counts its own commits.
@@ -98,9 +98,9 @@ def test_overlapped_fragments_apply_a_period_late_as_by_hand(name, fragments):
 
 def test_fragments_cut_inside_variables_at_equal_shares():
     variables = [np.zeros((784, 256)), np.zeros(256), np.zeros((256, 10))]
-    cut = Fragments(variables, 4)
-    assert cut.sizes == [50880] * 4  # 203,520 weights.
-    assert cut.pieces == [
+    cut = fragment.cut(variables, 4)
+    assert [part.size for part in cut] == [50880] * 4  # 203,520 weights.
+    assert [part.pieces for part in cut] == [
         [(0, 0, 50880)],
         [(0, 50880, 101760)],
         [(0, 101760, 152640)],

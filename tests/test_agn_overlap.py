@@ -13,6 +13,7 @@ from reference import agn
 import keras_clones
 from keras_clones import AGNOptimizer
 from keras_clones import optimizer_capabilities
+from keras_clones.parameter_server import fitting
 
 PERIOD, STEPS = 3, 9
 
@@ -207,10 +208,8 @@ def test_across_workers_an_execution_must_span_the_period():
 
 
 def test_parameter_server_training_refuses_overlap():
-    optimizer = overlapped()
-    variable = keras.Variable(np.zeros(2, "float32"))
     with pytest.raises(ValueError, match="parameter-server training"):
-        optimizer.start_centers_from_variables([variable])
+        fitting.check_agn(overlapped(), steps=4)
 
 
 def test_across_workers_a_loss_scale_optimizer_is_refused():

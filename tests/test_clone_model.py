@@ -502,28 +502,6 @@ def test_compute_apply_log_by_hand_equal_train_on_batch():
         np.testing.assert_allclose(va, vb, atol=1e-6, err_msg=va.path)
 
 
-def test_deprecated_halves_warn_naming_the_new_ones_and_still_train():
-    batch = normalized_batch()
-    reference, expected, model = trained_on_batch_and_twin(batch)
-    with pytest.warns(DeprecationWarning, match="use `compute`"):
-        computed = model.compute_gradients(batch)
-    assert isinstance(computed, dict)
-    with pytest.warns(DeprecationWarning, match="use `apply` and `log`"):
-        logs = model.apply_computed_gradients(computed)
-    np.testing.assert_allclose(float(logs["loss"]), expected["loss"], atol=1e-6)
-    for va, vb in zip(model.weights, reference.weights):
-        np.testing.assert_allclose(va, vb, atol=1e-6, err_msg=va.path)
-    with pytest.warns(DeprecationWarning, match="use `log`"):
-        model.log_computed_step(computed)
-    trainable = [v.numpy() for v in model.trainable_variables]
-    start = [v.numpy() for v in model.non_trainable_variables]
-    with pytest.warns(DeprecationWarning, match=r"compute\(data, values\)"):
-        stateless, moved = model.stateless_compute_gradients(
-            trainable, start, batch
-        )
-    assert len(moved) == len(start) and "grads" in stateless
-
-
 @pytest.mark.parametrize(
     "config",
     [

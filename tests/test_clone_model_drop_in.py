@@ -13,7 +13,6 @@ import pytest
 
 from keras_clones import CloneModel
 from keras_clones import DeploymentConfig
-from keras_clones.deprecated_halves import DeprecatedHalves
 
 TWO_CPUS = DeploymentConfig(devices=["/cpu:0", "/cpu:1"])
 THREE_CPUS = DeploymentConfig(devices=["/cpu:0", "/cpu:1", "/cpu:2"])
@@ -74,7 +73,7 @@ def test_functional_subclasses_train_as_keras_and_leave_clone_model_as_is():
         )
         np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], 1e-6)
         assert_same_weights(reference, clones)
-    assert CloneModel.__bases__ == bases == (DeprecatedHalves, keras.Model)
+    assert CloneModel.__bases__ == bases == (keras.Model,)
     # Unrelated subclassed CloneModels still work after the rebasing.
     lazy = lazy_subclass(CloneModel)(deployment=TWO_CPUS)
     lazy.compile("sgd", "mse")

@@ -3,10 +3,8 @@
 import keras
 import tensorflow as tf
 
-from keras_clones import gradients
 from keras_clones import optimizer_capabilities
 from keras_clones import step_hooks
-from keras_clones.multi_worker import collectives
 from keras_clones.multi_worker import topology
 
 _MODES = ("skip", "stop", "raise")
@@ -15,8 +13,9 @@ _MODES = ("skip", "stop", "raise")
 class _NonFiniteGuard:
     """Applies a step's update only when its loss and gradients are finite.
 
-    A step hook (`keras_clones.step_hooks`): the guard of a `CloneModel`'s
-    or an `AGNOptimizer`'s step. It keeps what the callback reads: the
+    A guard (`keras_clones.step_hooks`): a policy, `judge(verdict)`, over
+    the verdict the host computed, for a `CloneModel`'s or an
+    `AGNOptimizer`'s step. It keeps what the callback reads: the
     `skipped_steps` metric and the first failure.
     """
 
@@ -34,73 +33,34 @@ class _NonFiniteGuard:
             0, dtype="int64", trainable=False, name="failed_check"
         )
         self.check_names = []
-        # Local steps skipped but not yet counted (see `apply_if`), and
-        # the first one's optimizer step (-1: none).
-        self.deferred_skips = keras.Variable(
-            0.0, dtype="float32", trainable=False, name="deferred_skips"
-        )
-        self.first_deferred_step = keras.Variable(
-            -1, dtype="int64", trainable=False, name="first_deferred_step"
-        )
 
-    def apply_if(self, step, update, on_skip=None):
-        """Runs `update()` if `step`'s loss and gradients are finite, else
-        `on_skip()` (if given); counts and records the skip, and returns
-        whether the update ran."""
-        iteration = step.iteration
+    def judge(self, verdict):
+        """Whether the update of `verdict`'s step applies: where its loss
+        and gradients are finite. Counts and records a skip."""
+        iteration = verdict.iteration
         if iteration is None:
             iteration = tf.identity(self.step_counter)
-        iteration = tf.cast(iteration, "int64")
-        names, values = _checks(step)
-        finite = [gradients.is_finite(v) for v in values]
-        all_finite = tf.reduce_all(finite)
-        loss_finite = finite[0] if step.loss is not None else tf.constant(True)
-        cond = tf.cond
-        across = topology.across_workers(tf.distribute.get_strategy())
-        if across:
-            cond = collectives.cross_replica_cond
-        if across and step.skip_agreement == "all_reduce":
-            # Every worker skips the step when any worker's is not finite.
-            all_finite, loss_finite = collectives.on_every_worker(
-                [all_finite, loss_finite]
-            )
-            names.append("the loss or a gradient on another worker")
-            finite.append(all_finite)
-        cond(all_finite, update, on_skip or (lambda: None))
-        skipped = tf.cast(tf.logical_not(all_finite), "float32")
-        if across and step.skip_agreement == "deferred":
-            # Counted when the workers agree (`count_deferred_skips`), so
-            # that all of them count, stop or raise alike.
-            self.deferred_skips.assign_add(skipped)
-            first = tf.logical_and(skipped > 0, self.first_deferred_step < 0)
-            self.first_deferred_step.assign(
-                tf.where(first, iteration, self.first_deferred_step)
-            )
-            return all_finite
-        failed = tf.logical_not(loss_finite if self.loss_scaled else all_finite)
-        check = tf.argmin(
-            tf.cast(tf.stack(finite), "int32"), output_type="int64"
+        passed = verdict.passed
+        failed = tf.logical_not(
+            verdict.loss_passed if self.loss_scaled else passed
         )
+        check = tf.argmin(tf.cast(verdict.finite, "int32"), output_type="int64")
         self._record(
-            skipped, failed, iteration, self._checks_named(names) + check
+            tf.cast(tf.logical_not(passed), "float32"),
+            failed,
+            iteration,
+            self._checks_named(verdict.names) + check,
         )
-        return all_finite
+        return passed
 
-    def count_deferred_skips(self):
-        """Counts the local steps that every worker skipped since the last
-        call, and the first one's optimizer step, in one all-gather (at a
-        point every worker reaches, such as an `AGNOptimizer`'s commit)."""
-        if not topology.across_workers(tf.distribute.get_strategy()):
-            return  # Nothing was deferred.
-        total, first = collectives.sum_and_min_over_workers(
-            self.deferred_skips, self.first_deferred_step
-        )
-        self.deferred_skips.assign(0.0)
-        self.first_deferred_step.assign(-1)
+    def report_skips(self, count, first_iteration):
+        """Records `count` local steps that workers skipped alone, the first
+        at optimizer step `first_iteration`, as the optimizer reports them
+        at a commit (the same on every worker)."""
         check = self._checks_named(
             ["the loss or a gradient of a local step on a worker"]
         )
-        self._record(total, total > 0, first, check)
+        self._record(count, count > 0, first_iteration, check)
 
     def _checks_named(self, names):
         """The index of the first of `names` among the check names: a step
@@ -128,21 +88,6 @@ class _NonFiniteGuard:
             f"InfNanCheck: {name} is not finite at optimizer step {step} "
             "(`optimizer.iterations` before the step); the step was skipped."
         )
-
-
-def _checks(step):
-    """The names and values of what must be finite in `step`."""
-    names, values = [], []
-    if step.loss is not None:
-        names.append("the loss")
-        values.append(step.loss)
-    for grad, variable in zip(step.grads, step.variables):
-        if grad is not None:
-            # A plain `tf.Variable` has a name, no path.
-            path = getattr(variable, "path", variable.name)
-            names.append(f"the gradient of {path}")
-            values.append(grad)
-    return names, values
 
 
 def _step_hooks(model):

@@ -1,8 +1,8 @@
 """`PostInitCopy`: make every copy of every variable agree before training."""
 
 import keras
-import numpy as np
 
+from keras_clones import gradients
 from keras_clones import optimizer_capabilities
 from keras_clones.agn import AGNOptimizer
 
@@ -75,28 +75,13 @@ class PostInitCopy(keras.callbacks.Callback):
             print(message + ".")
 
     def _copy_model_into_centers(self, agn):
-        variables = self.model.trainable_variables
-        if not agn.built:
-            agn.build(variables)
-        step = int(agn.local_step.numpy())
-        # With overlap or fragments they differ at every period's end too.
-        staggered = agn.overlap or agn.fragments > 1
-        if step % (step + 1 if staggered else agn.communication_period):
-            return  # Mid-period: local weights and centers differ by design.
-        for variable in variables:
-            if getattr(variable, "overwrite_with_gradient", False):
-                continue  # It takes its gradient; AGN keeps no center.
-            center = agn.global_center_variable(variable)
-            if np.array_equal(center.numpy(), variable.numpy()):
-                continue
-            center.assign(variable)
-            if agn.commit == "gradients" and agn.communication_period > 1:
-                agn.grad_variable(variable).assign(
-                    np.zeros(variable.shape, variable.dtype)
-                )
-            if agn.overlap and agn.commit == "weight_change":
-                agn.period_start(variable).assign(variable)
-            self.copied.append(f"{variable.path} -> {center.path}")
+        copied = agn.start_from_model(
+            self.model.trainable_variables, period_ends=True
+        )
+        self.copied = [
+            f"{gradients.variable_name(variable)} -> {center.path}"
+            for variable, center in copied
+        ]
 
     def get_config(self):
         return {"verbose": self.verbose}

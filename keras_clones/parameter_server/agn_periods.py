@@ -12,17 +12,17 @@ parameter server). The coordinator applies the commit there with
 `AGNOptimizer.apply_commit` (the outer optimizer, one commit at a time),
 through the model's step hooks. With a guard in the hooks (`InfNanCheck`),
 a worker keeps its copy as it was after a local step whose loss or
-gradients are not finite, and sends which were; the coordinator shows the
-guard each local step that way, then the commit.
+gradients are not finite, and sends the step's verdict
+(`ComputedStep.finite`); the coordinator has the guard judge each local
+step's verdict, then the commit.
 """
 
 import typing
 
 import tensorflow as tf
 
-from keras_clones import gradients
 from keras_clones.parameter_server.inner_optimizer import WorkerInnerOptimizer
-from keras_clones.step_hooks import Step
+from keras_clones.step_hooks import Verdict
 
 
 class _WorkerCopy(typing.NamedTuple):
@@ -38,7 +38,7 @@ class _LoggedStep(typing.NamedTuple):
     """A local step as the coordinator logs (and guards) it."""
 
     computed: object  # Its `ComputedStep`, without gradients or inputs.
-    finite: object  # With a guard: `_finiteness`; else None.
+    finite: object  # With a guard: its `ComputedStep.finite`; else None.
 
 
 class AGNPeriods:
@@ -48,7 +48,7 @@ class AGNPeriods:
     def __init__(self, model, optimizer):
         self.model = model
         self.optimizer = optimizer
-        self.steps = optimizer.communication_period
+        self.steps = optimizer.schedule.period
         self._variables = list(model.trainable_variables)
         self._inner = WorkerInnerOptimizer(
             optimizer.inner_optimizer, self._variables
@@ -60,7 +60,7 @@ class AGNPeriods:
             self._state = self._inner.create_state()
 
     def start(self):
-        self.optimizer.start_centers_from_variables(self._variables)
+        self.optimizer.start_from_model(self._variables)
 
     def on_worker(self, iterator):
         pulled = [tf.identity(c.value) for c in self._centers]
@@ -107,12 +107,11 @@ class AGNPeriods:
             inner,
             _added(copy.gradient_sums, grads),
         )
-        finite = None
-        if self.model.step_hooks.guard is not None:
+        finite = computed.finite
+        if finite is not None:
             # The guard (InfNanCheck) judges each local step on the
             # coordinator; a non-finite one changes nothing here, and still
             # counts toward the period.
-            finite = _finiteness(computed)
             new = _kept(finite, new, copy)
         # What the logs need: not the gradients, the inputs or the state.
         logged = computed._replace(
@@ -120,6 +119,7 @@ class AGNPeriods:
             moved_state=[],
             non_trainable_values=None,
             x=None,
+            finite=None,
         )
         return new, _LoggedStep(logged, finite)
 
@@ -157,8 +157,8 @@ class AGNPeriods:
         for k, step in enumerate(result["steps"]):
             applied = None
             if step.finite is not None:
-                applied = model.step_hooks.guarded(
-                    self._as_checked(step.finite, start + k), lambda: None
+                applied = model.step_hooks.judge(
+                    Verdict(step.finite, self._variables, iteration=start + k)
                 )
             logs = model.log(step.computed, applied)
         # The commit is one update of the centers, as a guard sees it.
@@ -171,15 +171,6 @@ class AGNPeriods:
         )
         return logs
 
-    def _as_checked(self, finite, iteration):
-        """Local step `iteration` (an optimizer step), as finite where its
-        loss and gradients were (`_finiteness`): what the guard checks, and
-        names in its message, without sending the gradients."""
-        values = [tf.where(f, 0.0, float("nan")) for f in tf.unstack(finite)]
-        return Step(
-            values[1:], self._variables, loss=values[0], iteration=iteration
-        )
-
 
 def _added(total, grads):
     """`total + grads`, gradients densified (a missing one adds nothing)."""
@@ -187,14 +178,6 @@ def _added(total, grads):
         t if g is None else t + tf.convert_to_tensor(g)
         for t, g in zip(total, grads)
     ]
-
-
-def _finiteness(computed):
-    """Whether a local step's loss, then each gradient, is finite (a
-    missing gradient is), as a guard checks them."""
-    checks = [gradients.is_finite(computed.loss)]
-    checks += [gradients.is_finite(grad) for grad in computed.grads]
-    return tf.stack(checks)
 
 
 def _kept(finite, new, old):

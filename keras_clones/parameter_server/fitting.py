@@ -162,17 +162,26 @@ def check_arguments(model, arguments):
     if optimizer_capabilities.takes_local_steps(
         optimizer_capabilities.unwrapped(model.optimizer)
     ):
-        _check_agn(model, steps)
+        check_agn(model.optimizer, steps)
     check_deployment(model.deployment, model.distribute_strategy)
 
 
-def _check_agn(model, steps):
-    optimizer = model.optimizer
+def check_agn(optimizer, steps):
+    """Refuses an `AGNOptimizer` parameter servers cannot train with, at
+    `steps` steps per epoch."""
     if optimizer_capabilities.loss_scaled(optimizer):
         raise ValueError(
             "Under ParameterServerStrategy, an AGNOptimizer cannot be "
             "wrapped in a LossScaleOptimizer yet. Train in float32, or with "
             "a plain optimizer."
+        )
+    if optimizer.overlap or optimizer.fragments > 1:
+        raise ValueError(
+            "`overlap=True` and `fragments` > 1 do not apply to "
+            "parameter-server training: there each worker's period "
+            "already runs apart from the others', and the coordinator "
+            "applies its whole commit when it arrives. Create the "
+            "AGNOptimizer with `overlap=False` and `fragments=1`."
         )
     period = optimizer.communication_period
     if steps % period:

@@ -266,3 +266,28 @@ def check_fragments(fragments, communication_period):
             f"fragments={fragments!r} with "
             f"communication_period={communication_period}."
         )
+
+
+# Outer optimizers that look at whole variables (norms, factored slots).
+_NOT_ELEMENTWISE = ("Lamb", "Muon", "Adafactor")
+
+
+def check_outer_optimizer(outer_optimizer, fragments):
+    """Refuses an outer optimizer that cannot run on fragments."""
+    if fragments == 1:
+        return
+    name = type(outer_optimizer).__name__
+    problem = None
+    if name in _NOT_ELEMENTWISE:
+        problem = f"{name} looks at whole variables"
+    for option in ("weight_decay", "clipnorm", "global_clipnorm"):
+        if getattr(outer_optimizer, option, None):
+            problem = f"its `{option}` looks at whole variables"
+    if problem:
+        raise ValueError(
+            f"With `fragments={fragments}` the outer optimizer runs on each "
+            "fragment's part of the centers, element by element, but "
+            f"{problem}. Pass an `outer_optimizer` without it (e.g. "
+            "`keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)`), or "
+            "`fragments=1`."
+        )

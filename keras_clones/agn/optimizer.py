@@ -1,4 +1,6 @@
-"""`AGNOptimizer`: Accumulated Gradient Normalization around any optimizer."""
+"""`AGNOptimizer`: Accumulated Gradient Normalization around any optimizer,
+as a Keras optimizer: its arguments, state, configuration and slot lookup,
+over the period engine (`engine.PeriodEngine`)."""
 
 import contextlib
 
@@ -7,27 +9,18 @@ import numpy as np
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
-from keras_clones import agn_arguments as arguments
-from keras_clones import agn_fragments
 from keras_clones import gradients
-from keras_clones.agn_fragments import FragmentedCommits
-from keras_clones.agn_overlap import OverlappedCommits
-from keras_clones.agn_rule import CommitRule
-from keras_clones.agn_steps import AGNSteps
+from keras_clones.agn import arguments
+from keras_clones.agn import engine
+from keras_clones.agn.rule import CommitRule
+from keras_clones.agn.schedule import Schedule
+from keras_clones.agn.state import StateBuilder
+from keras_clones.step_hooks import Step
 from keras_clones.step_hooks import StepHooks
 
 
-def _slot_name(variable, what):
-    """The name of an optimizer variable for `variable`, as Keras's
-    `add_variable_from_reference` makes it."""
-    name = gradients.variable_name(variable)
-    return f"{name.replace('/', '_').replace(':', '_')}_{what}"
-
-
 @keras.saving.register_keras_serializable(package="keras_clones")
-class AGNOptimizer(
-    AGNSteps, OverlappedCommits, FragmentedCommits, keras.optimizers.Optimizer
-):
+class AGNOptimizer(keras.optimizers.Optimizer):
     """Accumulated Gradient Normalization (Hermans et al., ACML 2017).
 
     Wraps any Keras optimizer. Each step (each `apply`):
@@ -177,7 +170,7 @@ class AGNOptimizer(
         outer_optimizer, outer_follows_inner = arguments.outer_optimizer_for(
             optimizer, outer_optimizer, AGNOptimizer
         )
-        agn_fragments.check_outer_optimizer(outer_optimizer, fragments)
+        arguments.check_outer_optimizer(outer_optimizer, fragments)
         global_devices = arguments.device_list(global_device)
         super().__init__(learning_rate=0.0, name=name)
         self._outer_follows_inner = outer_follows_inner
@@ -197,8 +190,9 @@ class AGNOptimizer(
         self._commit_rule = CommitRule(
             commit, normalize, communication_period, communication_dtype
         )
-        # Only the gradients rule keeps gradient accumulators.
-        self._accumulates = commit == "gradients" and communication_period > 1
+        self._schedule = Schedule(
+            communication_period, self.fragments, 1 if overlap else 0
+        )
         self._step_hooks = StepHooks()
         arguments.remember_wrapper(self, (optimizer, outer_optimizer))
 
@@ -208,6 +202,19 @@ class AGNOptimizer(
         `keras_clones.step_hooks.StepHooks` (`InfNanCheck`'s guard, for a
         plain `keras.Model`, registers here)."""
         return self._step_hooks
+
+    @property
+    def schedule(self):
+        """When the periods end (`keras_clones.agn.schedule.Schedule`)."""
+        return self._schedule
+
+    @property
+    def commit_rule(self):
+        """This optimizer's rule on tensors (`agn.rule.CommitRule`): what a
+        period commits, how commits travel and move the centers."""
+        return self._commit_rule
+
+    # State.
 
     @internals.no_automatic_dependency_tracking
     def build(self, var_list):
@@ -221,87 +228,24 @@ class AGNOptimizer(
         # a model built by that step): their `build` may read the variables.
         self.inner_optimizer.build(var_list)
         if self.fragments == 1:  # Else it runs on each fragment apart.
-            self.outer_optimizer.build(
-                [c for c in self._centers if c is not None]
-            )
+            self.outer_optimizer.build([s.center for s in self._state.states])
         super().build(var_list)
         if self._outer_follows_inner or self._exclusions_forwarded:
             self._exclude_centers_from_weight_decay()
 
     def _build(self, var_list):
-        self._local_step = self.add_variable(
-            shape=(), dtype="int64", name="local_step"
+        self._state = StateBuilder(self, self._global_devices).build(var_list)
+        self._state_of = {id(v): None for v in var_list}
+        self._state_of.update({id(s.variable): s for s in self._state.states})
+        self._engine = engine.PeriodEngine(
+            self._commit_rule,
+            self._schedule,
+            self.inner_optimizer,
+            self._state,
+            self.mixing,
+            self.iterations,
+            lambda steps: internals.increment_iterations(self, steps),
         )
-        self._communication_rounds = self.add_variable(
-            shape=(), dtype="int64", name="communication_rounds"
-        )
-        # Variables Keras overwrites with their gradient have no AGN state
-        # (`None`), as they have no slots in Keras's optimizers.
-        self._centers = []
-        self._accumulators = []
-        self._slot_of = {}
-        for i, variable in enumerate(var_list):
-            self._slot_of[id(variable)] = i
-            if gradients.overwrites(variable):
-                self._centers.append(None)
-                self._accumulators.append(None)
-                continue
-            self._centers.append(self._add_center(variable, i))
-            self._accumulators.append(
-                self._add_replica_sum(variable, "grad_accumulator")
-                if self.commit == "gradients"
-                else None
-            )
-        with_centers = [
-            v for v, c in zip(var_list, self._centers) if c is not None
-        ]
-        if self.overlap or self.fragments > 1:
-            self._cut_into_fragments(with_centers)
-        if self.fragments > 1:
-            self._build_fragments(with_centers)
-        if self.overlap:
-            self._build_overlap(var_list)
-
-    def _add_center(self, variable, index):
-        device = self._global_devices[index % len(self._global_devices)]
-        scope = tf.device(device) if device else contextlib.nullcontext()
-        with scope:
-            center = self.add_variable(
-                shape=variable.shape,
-                dtype=variable.dtype,
-                name=_slot_name(variable, "global_center"),
-            )
-        # The outer optimizer applies it after every update, as Keras's
-        # optimizers apply a variable's constraint.
-        center.constraint = variable.constraint
-        # Else the first step copies it, as always (`_start_from_model`).
-        if gradients.has_value(variable):
-            center.assign(variable)
-        return center
-
-    def _add_replica_sum(self, variable, what):
-        # Each replica keeps its own (gradients summed, a commit in flight),
-        # with no communication; read outside a replica (saving,
-        # `grad_variable(v).numpy()`) the variable is the sum over replicas,
-        # e.g. the accumulated all-reduced gradient. Restoring it gives
-        # every replica an equal share, which reduces to the same.
-        strategy = internals.distribution_strategy(self)
-        colocate = strategy.extended.colocate_vars_with
-        with (
-            colocate(gradients.tf_variable(variable)),
-            keras.name_scope(self.name),
-        ):
-            accumulator = keras.Variable(
-                initializer="zeros",
-                shape=variable.shape,
-                dtype=variable.dtype,
-                trainable=False,
-                synchronization="on_read",
-                aggregation="sum",
-                name=_slot_name(variable, what),
-            )
-        internals.track_variable(self, accumulator)
-        return accumulator
 
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         """Excludes variables from weight decay, in both optimizers.
@@ -332,12 +276,9 @@ class AGNOptimizer(
         inner = self.inner_optimizer
         self.outer_optimizer.exclude_from_weight_decay(
             var_list=[
-                center
-                for variable, center in zip(
-                    internals.built_variables(self), self._centers
-                )
-                if center is not None
-                and not internals.uses_weight_decay(inner, variable)
+                state.center
+                for state in self._state.states
+                if not internals.uses_weight_decay(inner, state.variable)
             ]
         )
 
@@ -349,8 +290,10 @@ class AGNOptimizer(
         accumulator per model variable, in the order of the variables; with
         fragments, each fragment's state of the outer optimizer; with
         `overlap=True`, the in-flight phases, a commit slot per variable
-        and, for `commit="weight_change"`, a period start per variable),
-        then the inner optimizer's, then the outer optimizer's."""
+        and, for `commit="weight_change"`, a period start per variable;
+        the local steps skipped alone since the last commit, and the first
+        one's step), then the inner optimizer's, then the outer
+        optimizer's."""
         return (
             internals.own_variables(self)
             + self.inner_optimizer.variables
@@ -388,12 +331,12 @@ class AGNOptimizer(
     @property
     def local_step(self):
         """Steps taken since training began; never reset."""
-        return self._local_step
+        return self._state.local_step
 
     @property
     def communication_rounds(self):
         """Synchronisations so far: gradient all-reduces across workers."""
-        return self._communication_rounds
+        return self._state.rounds
 
     @property
     def bytes_per_round(self):
@@ -410,30 +353,28 @@ class AGNOptimizer(
                 "`optimizer.build(variables)`."
             )
         total = 0
-        for variable, center in zip(
-            internals.built_variables(self), self._centers
-        ):
-            if center is not None:
-                dtype = self.communication_dtype or variable.dtype
-                size = int(np.prod(variable.shape))
-                total += size * tf.dtypes.as_dtype(dtype).size
+        for state in self._state.states:
+            dtype = self.communication_dtype or state.variable.dtype
+            size = int(np.prod(state.variable.shape))
+            total += size * tf.dtypes.as_dtype(dtype).size
         return total
 
-    def _slot(self, variable, what):
+    def _state_for(self, variable, what):
+        """The `VariableState` of model variable `variable`."""
         if not self.built:
             raise ValueError(
                 f"The AGNOptimizer has no {what} yet: it is built on the "
                 "first training step or by `optimizer.build(variables)`."
             )
         try:
-            index = self._slot_of[id(variable)]
+            state = self._state_of[id(variable)]
         except KeyError:
             raise KeyError(
                 f"The AGNOptimizer has no {what} for variable "
                 f"{gradients.variable_name(variable)!r}: it was built on "
                 "other variables (those of the model it was compiled with)."
             ) from None
-        if self._centers[index] is None:
+        if state is None:
             raise KeyError(
                 f"The AGNOptimizer has no {what} for variable "
                 f"{gradients.variable_name(variable)!r}: it has "
@@ -441,23 +382,41 @@ class AGNOptimizer(
                 "as its value, as with any Keras optimizer. Read the "
                 "variable itself."
             )
-        return index
+        return state
 
     def global_center_variable(self, variable):
         """The global-center variable of model variable `variable`."""
-        index = self._slot(variable, "global center")
-        return self._centers[index]
+        return self._state_for(variable, "global center").center
 
     def grad_variable(self, variable):
         """The gradient accumulator of model variable `variable`."""
-        index = self._slot(variable, "gradient accumulator")
-        if self._accumulators[index] is None:
+        accumulator = self._state_for(
+            variable, "gradient accumulator"
+        ).accumulator
+        if accumulator is None:
             raise KeyError(
                 "The AGNOptimizer has no gradient accumulators: with "
                 f"`commit={self.commit!r}` it commits the change of the "
                 "weights, which needs none."
             )
-        return self._accumulators[index]
+        return accumulator
+
+    def period_start(self, variable):
+        """The weights `variable` had at its period's start (with
+        `overlap=True` and `commit="weight_change"`): the commit is this
+        minus the weights at the period's end."""
+        return self._state_for(variable, "period start").period_start
+
+    @property
+    def in_flight_phase(self):
+        """With `overlap=True`: 0, no commit in flight; 1, sent (each
+        worker's own commit awaits the all-reduce); 2, received (the
+        reduced commit awaits being applied at the current period's end).
+        With fragments, one per fragment (a vector)."""
+        phases = [f.phase for f in self._state.fragments]
+        if len(phases) == 1:
+            return tf.convert_to_tensor(phases[0])
+        return tf.stack([tf.convert_to_tensor(p) for p in phases])
 
     def assign_global_centers(self, var_list=None):
         """Copies the global centers into their variables.
@@ -465,10 +424,9 @@ class AGNOptimizer(
         Use it to evaluate or export the global model. With `overlap=True`
         the commit in flight is applied first (`apply_in_flight_commit`),
         which all-reduces it if it was only sent: across workers, call it
-        on every worker, outside `fit` or at the same step.
-        Training from there
-        starts a new communication period from the centers only if the
-        accumulators are empty, i.e. right after a synchronisation.
+        on every worker, outside `fit` or at the same step. Training from
+        there starts a new communication period from the centers only if
+        the accumulators are empty, i.e. right after a synchronisation.
 
         Args:
             var_list: The variables to overwrite; by default every variable
@@ -477,24 +435,128 @@ class AGNOptimizer(
         """
         self.apply_in_flight_commit()
         if var_list is None:
-            var_list = [
-                v
-                for v in internals.built_variables(self)
-                if not gradients.overwrites(v)
-            ]
+            var_list = [s.variable for s in self._state.states]
         for variable in var_list:
-            center = self.global_center_variable(variable)
-            if self.overlap and self.commit == "weight_change":
+            state = self._state_for(variable, "global center")
+            if state.period_start is not None:
                 # The period's commit stays what its local steps did.
-                start = self.period_start(variable)
-                start.assign(start + center - variable)
-            variable.assign(center)
+                start = state.period_start
+                start.assign(start + state.center - variable)
+            variable.assign(state.center)
+
+    def start_from_model(self, var_list, period_ends=False):
+        """Before the first step, as the first step does (for training
+        that takes its local steps elsewhere: parameter servers), each
+        center of `var_list` that differs from its variable takes the
+        variable's value, its gradient accumulator restarts and, with
+        overlap, its period's start follows: weights loaded or set since
+        are trained from. With `period_ends` (`PostInitCopy`), also at a
+        period's end where the local weights are the centers by design
+        (one fragment, no overlap). Elsewhere nothing changes: mid-period
+        the local weights differ from the centers by design.
+
+        Returns:
+            The `(variable, center)` pairs copied.
+        """
+        self.build(var_list)
+        copied = self._engine.start_from_model(var_list, period_ends)
+        return [(s.variable, s.center) for s in copied]
+
+    # The step.
+
+    def apply(self, grads, trainable_variables=None):
+        if trainable_variables is None:
+            if not self.built:
+                raise ValueError(
+                    "When passing `grads` without `trainable_variables`, the "
+                    "optimizer must already be built."
+                )
+            trainable_variables = internals.built_variables(self)
+        engine.replica_context()  # Checks where it is called.
+        trainable_variables = list(trainable_variables)
+        self.build(trainable_variables)
+        pairs = gradients.with_gradients(list(grads), trainable_variables)
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        hooks = self._step_hooks
+        applied = hooks.decide(Step(grads, variables), alone=self.skips_alone)
+        self._engine.step(grads, variables, hooks, applied)
+
+    def apply_local_step(self, grads, trainable_variables, applied, step_hooks):
+        """One step whose verdict the caller took (a `CloneModel`, which
+        judged its loss and gradients): the inner optimizer's update runs
+        only where `applied` (a boolean tensor, or None: always); the step
+        counts either way, and a period ends where the schedule says, its
+        commit judged by the guard of `step_hooks` (or None). Where the
+        optimizer `skips_alone`, `applied` is this worker's own verdict,
+        which the optimizer counts and reports at the commit.
+
+        Args:
+            grads: The gradients, as for `apply`.
+            trainable_variables: The variables, as for `apply`.
+            applied: Whether the local update applies, or None.
+            step_hooks: The `keras_clones.step_hooks.StepHooks` of the
+                caller, or None.
+        """
+        engine.replica_context()  # Checks where it is called.
+        trainable_variables = list(trainable_variables)
+        self.build(trainable_variables)
+        self._engine.step(list(grads), trainable_variables, step_hooks, applied)
 
     @property
-    def commit_rule(self):
-        """This optimizer's rule on tensors (`agn_rule.CommitRule`): what a
-        period commits, how commits travel and move the centers."""
-        return self._commit_rule
+    def skips_alone(self):
+        """Whether, in the current strategy, a worker skips a non-finite
+        local step alone, counted at the next commit: across workers, with
+        a period longer than 1. With a period of 1 every step commits, and
+        the workers skip a step together, as in synchronous training."""
+        return self.communication_period > 1 and engine.across_workers()
+
+    def apply_commit(self, commit, var_list, step_hooks=None, applied=None):
+        """Applies one period's `commit` (a gradient per variable, by this
+        optimizer's `commit` rule) taken elsewhere: the end of its period,
+        given the commit. The outer optimizer updates the centers of
+        `var_list` (the observers of `step_hooks` see the commit, and its
+        guard may skip it), and the variables then take the centers'
+        values; `iterations`, `local_step` and `communication_rounds` count
+        the period, as `apply` counts them. For parameter-server training,
+        where each worker's period runs on its own copy of the weights;
+        call it for one commit at a time.
+
+        Args:
+            commit: One tensor per variable of `var_list`.
+            var_list: The model's trainable variables.
+            step_hooks: The `keras_clones.step_hooks.StepHooks` whose
+                hooks see the commit (the model's); by default none.
+            applied: With a period of 1, whether its one local step applied
+                (a guard's verdict): a skipped step commits nothing, and
+                still counts. None: it applied.
+        """
+        self._engine.apply_commit(commit, list(var_list), step_hooks, applied)
+
+    @contextlib.contextmanager
+    def commits_around_execution(self):
+        """For a train function whose every execution ends at or before the
+        next fragment's period end (`steps_per_execution` equal to the
+        period over the fragments), around its loop of steps, in
+        cross-replica context: the commits in flight are all-reduced at the
+        start, beside the steps, and the fragment's period ends after them
+        when the last step ended it. Steps traced inside do not end
+        periods. An execution that crosses a period's end fails. Only with
+        `overlap=True`."""
+        strategy = internals.distribution_strategy(self)
+        with self._engine.commits_around_execution(strategy):
+            yield
+
+    def apply_in_flight_commit(self):
+        """Applies the commits in flight now (all-reducing them first if
+        only sent): the outer optimizer moves the centers, and the local
+        weights mix with them. The periods under way go on. `fit` calls it
+        at its end (`finalize_variable_values`), a `CloneModel` before it
+        evaluates, and `assign_global_centers()` first. Every worker must
+        call it."""
+        # The same on every worker: they skip it alike.
+        if not self.overlap or not self.built or not self._engine.in_flight():
+            return
+        self._engine.apply_in_flight(internals.distribution_strategy(self))
 
     @property
     def learning_rate(self):

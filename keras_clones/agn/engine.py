@@ -1,0 +1,580 @@
+"""The period engine of an `AGNOptimizer`: its local steps, and one path to
+the end of a fragment's period.
+
+Each local step the inner optimizer updates the model's (local) variables,
+unless the step's verdict says it was not finite; its gradients are
+accumulated; the step counts either way. Where the `Schedule` says a
+fragment's period ends, `end_period(fragment, delay)` ends it:
+
+- delay 0: each worker's commit of the period (`CommitRule`) is reduced
+  across the workers (an all-reduce in `communication_dtype`), the outer
+  optimizer moves the fragment's centers by it, the fragment's local
+  weights take the centers, and its accumulators restart;
+- delay 1 (`overlap=True`, Streaming DiLoCo's overlap): the commit of the
+  previous period, reduced, moves the centers; this period's commit is
+  held in flight (sent, not yet reduced); the local weights become
+  `mixing * local + (1 - mixing) * centers`. In a step the commit is
+  reduced at once; a train function whose executions end where the
+  periods end (across workers) reduces it at the start of the next
+  execution, beside its local steps (`commits_around_execution`);
+- given a commit (parameter servers, where a worker's period ran
+  elsewhere): delay 0 with that commit as the reduced one.
+
+Rounds are counted there, once per period's end. A guard (`step_hooks`)
+judges every commit before it moves the centers. A worker that skips a
+local step alone (across workers, with a period longer than 1) counts it
+in the optimizer's own state; the count is reduced and reported to the
+guard at the next commit, so that every worker reports alike.
+
+Conditional updates go through `conditional.run_if`; what needs a
+distribution strategy reads it from the context (`tf.distribute`).
+"""
+
+import contextlib
+
+import numpy as np
+import tensorflow as tf
+
+from keras_clones import _keras_internals as internals
+from keras_clones import gradients
+from keras_clones.agn.fragment import NOTHING
+from keras_clones.agn.fragment import RECEIVED
+from keras_clones.agn.fragment import SENT
+from keras_clones.conditional import run_if
+from keras_clones.step_hooks import Step
+
+
+def replica_context():
+    """The replica context an AGN step runs in; refuses where AGN cannot."""
+    strategy = tf.distribute.get_strategy()
+    replicas = strategy.num_replicas_in_sync
+    devices = len(strategy.extended.worker_devices) if replicas > 1 else 1
+    if replicas > devices > 1:
+        raise NotImplementedError(
+            "AGNOptimizer trains across workers with one replica per "
+            f"worker, but this worker has {devices} devices. Give each "
+            "worker one device (the default CPU) and split its batch "
+            "across its devices with a CloneModel."
+        )
+    context = tf.distribute.get_replica_context()
+    if context is None:
+        raise ValueError(
+            "AGNOptimizer.apply() must be called in a replica context, "
+            "e.g. inside `strategy.run`, as `fit` does."
+        )
+    return context
+
+
+def across_workers():
+    """Whether the current strategy trains across workers, one replica
+    each: then each worker takes local steps on its own gradients."""
+    strategy = tf.distribute.get_strategy()
+    replicas = strategy.num_replicas_in_sync
+    return replicas > 1 and len(strategy.extended.worker_devices) == 1
+
+
+def _read_own(variable):
+    """This replica's value of a variable it holds alone."""
+    return tf.identity(gradients.tf_variable(variable))
+
+
+def _in_a_step(strategy, fn):
+    """Runs `fn()` where a step's optimizer runs its cross-replica parts:
+    in the merge call of a replica (its devices)."""
+    strategy.run(
+        lambda: tf.distribute.get_replica_context().merge_call(lambda _: fn())
+    )
+
+
+class PeriodEngine:
+    """AGN's step and periods over an `AGNState`.
+
+    Args:
+        rule: The `CommitRule`.
+        schedule: The `Schedule`.
+        inner_optimizer: The Keras optimizer of the local steps.
+        state: The `AGNState`.
+        mixing: With delay 1, the local weights' share when a commit
+            arrives.
+        iterations: The optimizer's `iterations` (the optimizer step a
+            skipped local step is reported as).
+        count_iterations: Counts `n` steps in the optimizer's
+            `iterations`.
+    """
+
+    def __init__(
+        self,
+        rule,
+        schedule,
+        inner_optimizer,
+        state,
+        mixing,
+        iterations,
+        count_iterations,
+    ):
+        self.rule = rule
+        self.schedule = schedule
+        self.inner_optimizer = inner_optimizer
+        self.state = state
+        self.mixing = mixing
+        self._iterations = iterations
+        self._count_iterations = count_iterations
+        self._hooks = None  # The step hooks the traced step ends periods with.
+        self._execution_ends_periods = False
+        self._flush = None  # (hooks, the traced `apply_in_flight`).
+
+    @property
+    def accumulates(self):
+        """Whether gradients are accumulated (the gradients rule, over
+        periods longer than 1)."""
+        return self.rule.commit == "gradients" and self.rule.period > 1
+
+    def skips_alone(self):
+        """Whether in the current strategy a worker skips a non-finite
+        local step alone, counted at the next commit: across workers, with
+        a period longer than 1 (with a period of 1 the step is the commit,
+        and the workers skip it together)."""
+        return self.schedule.period > 1 and across_workers()
+
+    # A local step.
+
+    def step(self, grads, variables, hooks, applied):
+        """One local step in a replica context: `grads` applied to
+        `variables` where `applied` (a boolean tensor, or None: always),
+        then counted, and the period's end where the schedule says."""
+        context = replica_context()
+        kept = [v for v in variables if not gradients.overwrites(v)]
+        context.merge_call(lambda _: self._start_from_model(kept))
+        if applied is None:
+            self._local_update(grads, variables)
+        else:
+            run_if(applied, lambda: self._local_update(grads, variables))
+            if self.skips_alone():
+                self._count_skip(applied)
+        pairs = gradients.with_gradients(grads, variables, warn=False)
+        pairs = [(g, v) for g, v in pairs if not gradients.overwrites(v)]
+        context.merge_call(self._count_step, args=(pairs, hooks, applied))
+        self._count_iterations(1)
+
+    def _start_from_model(self, variables):
+        # On the first step the centers take the model's values: weights
+        # loaded after `build` are the ones to train from.
+        distribution = tf.distribute.get_strategy()
+        by_variable = {id(s.variable): s for s in self.state.states}
+
+        def copy_model_into_centers():
+            for variable in variables:
+                state = by_variable[id(variable)]
+                gradients.assign_in_cross_replica(
+                    distribution, state.center, variable
+                )
+                if state.period_start is not None:
+                    gradients.assign_in_cross_replica(
+                        distribution, state.period_start, variable
+                    )
+
+        run_if(tf.equal(self.state.local_step, 0), copy_model_into_centers)
+
+    def _local_update(self, grads, variables):
+        grads, variables = gradients.overwrite_with_gradients(
+            *zip(*gradients.with_gradients(grads, variables, warn=False))
+        )
+        strategy = tf.distribute.get_strategy()
+        workers = strategy.num_replicas_in_sync
+        if across_workers():
+            # Workers train locally between synchronisations, each on the
+            # gradient of its own batch (Keras divides it by the workers).
+            with internals.without_gradient_all_reduce(self.inner_optimizer):
+                self.inner_optimizer.apply(
+                    [
+                        gradients.map_values(lambda v: v * workers, g)
+                        for g in grads
+                    ],
+                    variables,
+                )
+        else:
+            self.inner_optimizer.apply(grads, variables)
+        if self.accumulates:
+            by_variable = {id(s.variable): s for s in self.state.states}
+            for variable, grad in zip(variables, grads):
+                by_variable[id(variable)].accumulator.assign_add(
+                    tf.convert_to_tensor(grad)
+                )
+
+    def _count_skip(self, applied):
+        skipped = tf.logical_not(applied)
+        state = self.state
+        state.skipped.assign_add(tf.cast(skipped, "float32"))
+        first = tf.logical_and(skipped, _read_own(state.first_skipped) < 0)
+        state.first_skipped.assign(
+            tf.where(
+                first,
+                tf.cast(self._iterations, "int64"),
+                _read_own(state.first_skipped),
+            )
+        )
+
+    def _count_step(self, distribution, pairs, hooks, applied):
+        self.state.local_step.assign_add(1)
+        schedule = self.schedule
+        if schedule.period == 1:
+            # The step is the commit: it commits only if it applied (the
+            # same on every worker).
+            end = self._end_whole_period(self.state.fragments[0], pairs, hooks)
+            if applied is None:
+                end()
+            else:
+                run_if(distribution.experimental_local_results(applied)[0], end)
+            return
+        if schedule.delay:
+            self._remember(hooks)
+            if self._execution_ends_periods:
+                return  # `commits_around_execution` ends the period.
+        step = gradients.tf_variable(self.state.local_step)
+        for index, ends in schedule.ending(step):
+            fragment = self.state.fragments[index]
+            if schedule.delay:
+                end = lambda f=fragment: self._end_period_in_step(f)  # noqa: E731
+            elif schedule.fragments > 1:
+                end = lambda f=fragment: self.end_period(f, 0, hooks)  # noqa: E731
+            else:
+                end = self._end_whole_period(fragment, pairs, hooks)
+            run_if(ends, end)
+
+    def _end_whole_period(self, fragment, pairs, hooks):
+        """The end of one fragment of whole variables, over those that
+        have gradients in this step; with a period of 1 and the gradients
+        rule, they are the commit."""
+        fragment = fragment.over([v for _, v in pairs])
+        grads = None
+        if self.schedule.period == 1 and self.rule.commit == "gradients":
+            grads = [g for g, _ in pairs]
+        return lambda: self.end_period(fragment, 0, hooks, grads=grads)
+
+    # The end of a period.
+
+    def end_period(self, fragment, delay, hooks, grads=None, commit=None):
+        """Ends `fragment`'s period, in a cross-replica context (a step's
+        merge call), with `delay` 0 or 1 (see the module's docstring). With
+        a period of 1 and the gradients rule, `grads` (per replica) are the
+        commit; given `commit` (already reduced), it is applied as it is.
+        `hooks` (or None): the step hooks whose guard judges the commit."""
+        self.state.rounds.assign_add(1)
+        if commit is not None:
+            self._apply_given(fragment, commit, hooks)
+            return
+        distribution = tf.distribute.get_strategy()
+        if delay:
+            self._hold_in_flight(distribution, fragment, hooks)
+            return
+        distribution.extended.call_for_each_replica(
+            self._commit, args=(fragment, hooks, grads)
+        )
+        # The fragment of the local weights takes the (same) centers.
+        fragment.assign(distribution, "variable", fragment.gather("center"))
+
+    def _commit(self, fragment, hooks, grads):
+        """In a replica: the workers' commit of the fragment's period moves
+        its centers; its accumulators restart."""
+        if grads is None:
+            grads = self._period_commit(fragment, "center")
+        reduced = self._all_reduce(grads)
+        self._report_skips(hooks)
+        self._move_centers(fragment, reduced, hooks)
+        if self.accumulates:
+            fragment.restart_accumulators()
+
+    def _period_commit(self, fragment, start):
+        """This replica's commit of the fragment's period, by the rule:
+        from its accumulators, or from its weights at the period's start
+        (field `start`) and its local weights."""
+        rule = self.rule
+        if rule.commit == "gradients":
+            return [
+                rule.period_commit(s, None, None)
+                for s in fragment.gather("accumulator")
+            ]
+        return [
+            rule.period_commit(None, s, e)
+            for s, e in zip(fragment.gather(start), fragment.gather("variable"))
+        ]
+
+    def _all_reduce(self, values):
+        """Every replica's commits, reduced by the rule (a sum of gradients
+        Keras has divided by the replicas, a mean of weight changes), in
+        `communication_dtype`."""
+        rule = self.rule
+        reduced = tf.distribute.get_replica_context().all_reduce(
+            rule.reduce_op, rule.to_send(values)
+        )
+        return rule.received(reduced, [v.dtype for v in values])
+
+    def _move_centers(self, fragment, reduced, hooks):
+        """In a replica: `reduced` moves the fragment's centers, unless the
+        guard of `hooks` finds it not finite."""
+        applied = None
+        if hooks is not None:
+            applied = hooks.judge_update(reduced, fragment.checked_variables())
+        move = lambda: fragment.move_centers(self.rule, reduced)  # noqa: E731
+        if applied is None:
+            move()
+        else:
+            run_if(applied, move)
+
+    def _apply_given(self, fragment, commit, hooks):
+        centers = fragment.field("center")
+        if hooks is not None:
+            hooks.observe(Step(commit, centers))
+        self._move_centers(fragment, commit, hooks)
+        fragment.assign_here("variable", centers)
+
+    def apply_commit(self, commit, variables, hooks, applied):
+        """Parameter servers: a period's `commit`, run elsewhere, ends it
+        (see `AGNOptimizer.apply_commit`)."""
+        fragment = self.state.fragments[0].over(variables)
+
+        def end():
+            self.end_period(fragment, 0, hooks, commit=commit)
+
+        if applied is None or self.schedule.period > 1:
+            end()
+        else:
+            run_if(applied, end)
+        self.state.local_step.assign_add(self.schedule.period)
+        self._count_iterations(self.schedule.period)
+
+    # Skips counted alone.
+
+    def _report_skips(self, hooks):
+        """In a replica, at a commit: the local steps every worker skipped
+        alone since the last one, reported to the guard of `hooks` (from
+        one all-gather)."""
+        if hooks is None or hooks.guard is None or not self.skips_alone():
+            return
+        state = self.state
+        mine = tf.stack(
+            [
+                tf.cast(_read_own(state.skipped), "int64"),
+                _read_own(state.first_skipped),
+            ]
+        )
+        every = tf.distribute.get_replica_context().all_gather(mine[None], 0)
+        counts, firsts = every[:, 0], every[:, 1]
+        known = firsts >= 0
+        least = tf.reduce_min(tf.where(known, firsts, firsts.dtype.max))
+        least = tf.where(tf.reduce_any(known), least, tf.constant(-1, "int64"))
+        state.skipped.assign(0.0)
+        state.first_skipped.assign(-1)
+        hooks.report_skips(tf.cast(tf.reduce_sum(counts), "float32"), least)
+
+    # Delay 1: overlapped commits.
+
+    def _remember(self, hooks):
+        self._hooks = hooks
+
+    def _end_period_in_step(self, fragment):
+        self.end_period(fragment, 1, self._hooks)
+        self._receive(fragment)
+
+    def _hold_in_flight(self, distribution, fragment, hooks):
+        """Applies the commit received, holds this period's in flight (sent,
+        not yet reduced), and mixes the local weights with the centers."""
+        self._receive(fragment)  # One sent is never lost.
+        received = tf.equal(fragment.phase, RECEIVED)
+        run_if(
+            received,
+            lambda: distribution.extended.call_for_each_replica(
+                self._move_received, args=(fragment, hooks)
+            ),
+        )
+        distribution.extended.call_for_each_replica(
+            self._send, args=(fragment, hooks)
+        )
+        if self.rule.commit == "weight_change":
+            local = distribution.extended.call_for_each_replica(
+                lambda: fragment.gather("variable")
+            )
+            fragment.assign(distribution, "period_start", local)
+        run_if(received, lambda: self._mix(distribution, fragment))
+        fragment.phase.assign(SENT)
+
+    def _receive(self, fragment):
+        """All-reduces the fragment's commit in flight in place, if only
+        sent (cross-replica)."""
+        distribution = tf.distribute.get_strategy()
+
+        def receive():
+            distribution.extended.call_for_each_replica(
+                self._reduce_in_flight, args=(fragment,)
+            )
+            fragment.phase.assign(RECEIVED)
+
+        run_if(tf.equal(fragment.phase, SENT), receive)
+
+    def _reduce_in_flight(self, fragment):
+        sent = fragment.gather("in_flight", read=_read_own)
+        fragment.assign_here("in_flight", self._all_reduce(sent))
+
+    def _move_received(self, fragment, hooks):
+        received = fragment.gather("in_flight", read=_read_own)
+        self._move_centers(fragment, received, hooks)
+
+    def _send(self, fragment, hooks):
+        """In a replica: this worker's commit of the fragment's period, into
+        its slots."""
+        self._report_skips(hooks)
+        fragment.assign_here(
+            "in_flight", self._period_commit(fragment, "period_start")
+        )
+        if self.accumulates:
+            fragment.restart_accumulators()
+
+    def _mix(self, distribution, fragment):
+        """The fragment's local weights become `mixing * local + (1 -
+        mixing) * center` (then constrained); its period's start moves
+        with them, so that its commit is only what its local steps did."""
+        mixing = self.mixing
+
+        def mix_on_replica():
+            local = fragment.gather("variable")
+            center = fragment.gather("center")
+            mixed = [
+                mixing * v + (1 - mixing) * c for v, c in zip(local, center)
+            ]
+            return local, mixed
+
+        before, mixed = distribution.extended.call_for_each_replica(
+            mix_on_replica
+        )
+        fragment.assign(distribution, "variable", mixed)
+        self._constrain(distribution, fragment)
+        if self.rule.commit == "weight_change":
+
+            def moved_start(before):
+                starts = fragment.gather("period_start")
+                local = fragment.gather("variable")
+                return [s + v - b for s, v, b in zip(starts, local, before)]
+
+            moved = distribution.extended.call_for_each_replica(
+                moved_start, args=(before,)
+            )
+            fragment.assign(distribution, "period_start", moved)
+
+    def _constrain(self, distribution, fragment):
+        """The constraints of the variables the fragment touches."""
+        variables = fragment.field("variable")
+        for index in fragment.part.touched():
+            variable = variables[index]
+            if variable.constraint is None:
+                continue
+            value = distribution.extended.call_for_each_replica(
+                lambda v: v.constraint(tf.convert_to_tensor(v)),
+                args=(variable,),
+            )
+            gradients.assign_in_cross_replica(distribution, variable, value)
+
+    @contextlib.contextmanager
+    def commits_around_execution(self, strategy):
+        """See `AGNOptimizer.commits_around_execution`."""
+        local_step = gradients.tf_variable(self.state.local_step)
+        first_step = local_step.read_value()
+        for fragment in self.state.fragments:
+            _in_a_step(strategy, lambda f=fragment: self._receive(f))
+        self._execution_ends_periods = True
+        try:
+            yield
+        finally:
+            self._execution_ends_periods = False
+        last_step = local_step.read_value()
+        share = tf.constant(self.schedule.share, tf.int64)
+        tf.debugging.assert_less_equal(
+            last_step // share - first_step // share,
+            tf.cast(tf.equal(last_step % share, 0), tf.int64),
+            message=(
+                "With `overlap=True` every execution of the train function "
+                "must end at or before the next period's end, but one "
+                "crossed it: make the steps of each epoch "
+                "(`steps_per_epoch`) a multiple of `communication_period` "
+                "(over `fragments`)."
+            ),
+        )
+        moved = last_step > first_step
+        hooks = self._hooks
+        for index, ends in self.schedule.ending(last_step):
+            fragment = self.state.fragments[index]
+            run_if(
+                tf.logical_and(moved, ends),
+                lambda f=fragment: _in_a_step(
+                    strategy, lambda: self.end_period(f, 1, hooks)
+                ),
+            )
+
+    def in_flight(self):
+        """Whether a commit is in flight (read on the host)."""
+        return any(
+            int(f.phase.numpy()) != NOTHING for f in self.state.fragments
+        )
+
+    def apply_in_flight(self, strategy):
+        """Applies the commits in flight (see
+        `AGNOptimizer.apply_in_flight_commit`)."""
+        with strategy.scope():
+            self._flush_function(strategy)()
+
+    def _flush_function(self, strategy):
+        """`apply_in_flight`'s function, traced once for the hooks the
+        step ends periods with."""
+        hooks = self._hooks
+        if self._flush is not None and self._flush[0] is hooks:
+            return self._flush[1]
+
+        def flush():
+            distribution = tf.distribute.get_strategy()
+            for fragment in self.state.fragments:
+                self._receive(fragment)
+                run_if(
+                    tf.equal(fragment.phase, RECEIVED),
+                    lambda f=fragment: self._apply_received(
+                        distribution, f, hooks
+                    ),
+                )
+                fragment.phase.assign(NOTHING)
+
+        function = tf.function(
+            lambda: _in_a_step(strategy, flush), autograph=False
+        )
+        self._flush = (hooks, function)
+        return function
+
+    def _apply_received(self, distribution, fragment, hooks):
+        distribution.extended.call_for_each_replica(
+            self._move_received, args=(fragment, hooks)
+        )
+        self._mix(distribution, fragment)
+
+    # Outside a step.
+
+    def start_from_model(self, variables, period_ends=False):
+        """Eagerly, before the first step (with `period_ends`, wherever the
+        local weights are the centers by design:
+        `Schedule.synchronised_at`): every center that differs from its
+        variable in `variables` takes its value, its accumulator restarts
+        and its period's start follows. Returns the states copied."""
+        step = int(self.state.local_step.numpy())
+        if step and not (period_ends and self.schedule.synchronised_at(step)):
+            return []
+        ids = {id(v) for v in variables}
+        copied = []
+        for state in self.state.states:
+            if id(state.variable) not in ids:
+                continue
+            value = state.variable.numpy()
+            if np.array_equal(state.center.numpy(), value):
+                continue
+            state.center.assign(value)
+            if state.accumulator is not None:
+                state.accumulator.assign(tf.zeros_like(value))
+            if state.period_start is not None:
+                state.period_start.assign(value)
+            copied.append(state)
+        return copied

@@ -1,0 +1,233 @@
+"""An `AGNOptimizer`'s fragments: each a slice of the weights that commits
+on its own, with its commit in flight, its phase and its outer
+optimizer's state.
+
+Plain AGN is one fragment of whole variables, which the outer optimizer
+(a Keras optimizer) updates as it would the model's. `fragments=F`
+(Streaming DiLoCo's fragments, arXiv 2501.18512) cuts the weights of the
+variables, in order and flattened, at F equal shares of the bytes, inside
+a variable where a cut falls there (in the slow-link bench's MLP one
+kernel holds 75% of the weights): each fragment is then one flat slice,
+and its outer optimizer is the outer optimizer's class and config run on
+tensors (`tensor_optimizer.TensorOptimizer`), with its own state and step
+count (its commits so far; a learning-rate schedule is evaluated there).
+So with fragments the outer optimizer must update each element on its own
+(SGD, Adam, RMSprop, Lion...: not Lamb, Muon or Adafactor, and without
+weight decay or norm clipping, which look at whole variables).
+"""
+
+import typing
+
+import numpy as np
+import tensorflow as tf
+
+from keras_clones import gradients
+
+NOTHING, SENT, RECEIVED = 0, 1, 2  # A fragment's in-flight phases.
+
+
+class VariableState(typing.NamedTuple):
+    """AGN's state of one model variable (None where a rule keeps none)."""
+
+    variable: object  # The model's (local) variable.
+    center: object  # Its global center.
+    accumulator: object  # Its gradient accumulator (`commit="gradients"`).
+    in_flight: object  # Its slot of the commit in flight (`overlap=True`).
+    period_start: object  # Its weights at its period's start (overlap,
+    # `commit="weight_change"`).
+
+
+class WholeVariables:
+    """A slice of whole variables: values go as they are, one per
+    variable."""
+
+    def __init__(self, count):
+        self._indices = tuple(range(count))
+
+    def touched(self):
+        return self._indices
+
+    def gather(self, values):
+        return [tf.convert_to_tensor(v) for v in values]
+
+    def zeros(self, variables):
+        return [tf.zeros_like(v) for v in variables]
+
+    def assign_here(self, variables, parts):
+        for variable, part in zip(variables, parts):
+            variable.assign(part)
+
+    def assign(self, distribution, variables, parts):
+        for variable, part in zip(variables, parts):
+            gradients.assign_in_cross_replica(distribution, variable, part)
+
+
+class FlatPieces:
+    """A flat slice of the variables' weights: `pieces`, a list of
+    (variable index, first flat element, end); values go as one flat
+    tensor."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+        self.size = sum(end - start for _, start, end in pieces)
+
+    def touched(self):
+        return [index for index, _, _ in self.pieces]
+
+    def gather(self, values):
+        return [
+            tf.concat(
+                [
+                    tf.reshape(values[index], [-1])[start:end]
+                    for index, start, end in self.pieces
+                ],
+                0,
+            )
+        ]
+
+    def zeros(self, variables):
+        return [tf.zeros([self.size], variables[0].dtype)]
+
+    def _replaced(self, value, index, flat):
+        """`value` (a variable's tensor) with its piece taken from
+        `flat`."""
+        offset = 0
+        for piece_index, start, end in self.pieces:
+            if piece_index == index:
+                old = tf.reshape(value, [-1])
+                new = flat[offset : offset + end - start]
+                return tf.reshape(
+                    tf.concat([old[:start], new, old[end:]], 0),
+                    tf.shape(value),
+                )
+            offset += end - start
+        raise AssertionError(f"No piece of variable {index}.")
+
+    def assign_here(self, variables, parts):
+        (flat,) = parts
+        for index in self.touched():
+            variable = variables[index]
+            variable.assign(self._replaced(variable.value, index, flat))
+
+    def assign(self, distribution, variables, parts):
+        (flat,) = parts
+        for index in self.touched():
+
+            def piece(var, flat, index=index):
+                return var.assign(self._replaced(var, index, flat))
+
+            distribution.extended.update(
+                gradients.tf_variable(variables[index]),
+                piece,
+                args=(flat,),
+                group=False,
+            )
+
+
+def cut(variables, count):
+    """`variables`' weights cut into `count` flat slices of similar size,
+    in order (`FlatPieces`)."""
+    sizes = [int(np.prod(v.shape)) for v in variables]
+    total = sum(sizes)
+    bounds = [round(total * f / count) for f in range(count + 1)]
+    slices = []
+    for low, high in zip(bounds, bounds[1:]):
+        pieces, offset = [], 0
+        for index, size in enumerate(sizes):
+            start, end = max(low, offset), min(high, offset + size)
+            if start < end:
+                pieces.append((index, start - offset, end - offset))
+            offset += size
+        slices.append(FlatPieces(pieces))
+    return slices
+
+
+class Fragment:
+    """One fragment: its slice of the weights (`WholeVariables` or
+    `FlatPieces`) over `states` (the `VariableState`s of the variables that
+    have centers), its outer optimizer (a Keras optimizer for whole
+    variables, else a `TensorOptimizer` with its state in `outer_state`),
+    and, with overlapped commits, its in-flight `phase` (a variable:
+    `NOTHING`, `SENT` or `RECEIVED`)."""
+
+    def __init__(self, index, part, states, outer, outer_state=(), phase=None):
+        self.index = index
+        self.part = part
+        self.states = list(states)
+        self.outer = outer
+        self.outer_state = list(outer_state)
+        self.phase = phase
+
+    @property
+    def whole(self):
+        return isinstance(self.part, WholeVariables)
+
+    def over(self, variables):
+        """This fragment of whole variables, over `variables` only (those
+        a step has gradients for)."""
+        ids = {id(v) for v in variables}
+        states = [s for s in self.states if id(s.variable) in ids]
+        if len(states) == len(self.states):
+            return self
+        return Fragment(
+            self.index, WholeVariables(len(states)), states, self.outer
+        )
+
+    def field(self, name):
+        """The fragment's variables of `VariableState` field `name`."""
+        return [getattr(s, name) for s in self.states]
+
+    def gather(self, name, read=gradients.tf_variable):
+        """The fragment's values of field `name`, as its slice holds them
+        (read in a replica: its own), each variable read by `read`."""
+        return self.part.gather([read(v) for v in self.field(name)])
+
+    def assign_here(self, name, parts):
+        """Assigns `parts` to the fragment of field `name`, on this replica
+        only (variables a replica holds alone)."""
+        self.part.assign_here(self.field(name), parts)
+
+    def assign(self, distribution, name, parts):
+        """Assigns `parts` (per replica, or the same) to the fragment of
+        field `name` (cross-replica)."""
+        self.part.assign(distribution, self.field(name), parts)
+
+    def restart_accumulators(self):
+        """The fragment's accumulators restart from zero (in a replica)."""
+        accumulators = self.field("accumulator")
+        self.assign_here("accumulator", self.part.zeros(accumulators))
+
+    def checked_variables(self):
+        """The variables a guard names for this fragment's commit."""
+        centers = self.field("center")
+        if self.whole:
+            return centers
+        return [centers[self.part.touched()[0]]]
+
+    def move_centers(self, rule, reduced):
+        """In a replica: the workers' `reduced` commit moves the fragment's
+        centers, through its outer optimizer."""
+        centers = self.field("center")
+        if self.whole:
+            rule.move_centers(self.outer, reduced, centers)
+            return
+        state = [s.value for s in self.outer_state]
+        start = self.gather("center")
+        moved, state = self.outer.step(
+            start, reduced, state, self.outer.iteration(state)
+        )
+        tf.distribute.get_replica_context().merge_call(
+            self._assign_centers, args=(moved, state)
+        )
+
+    def _assign_centers(self, distribution, moved, state):
+        self.assign(distribution, "center", moved)
+        centers = self.field("center")
+        for index in self.part.touched():
+            center = centers[index]
+            if center.constraint is not None:
+                gradients.assign_in_cross_replica(
+                    distribution, center, center.constraint(center.value)
+                )
+        for variable, value in zip(self.outer_state, state):
+            gradients.assign_in_cross_replica(distribution, variable, value)

@@ -1,0 +1,225 @@
+"""An `AGNOptimizer`'s state, as its `build` creates it: optimizer
+variables (in a fixed order, the order of `variables`), gathered in one
+record per model variable (`fragment.VariableState`) and in the
+fragments."""
+
+import contextlib
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_clones import _keras_internals as internals
+from keras_clones import gradients
+from keras_clones.agn import fragment
+from keras_clones.tensor_optimizer import TensorOptimizer
+
+
+def _slot_name(variable, what):
+    """The name of an optimizer variable for `variable`, as Keras's
+    `add_variable_from_reference` makes it."""
+    name = gradients.variable_name(variable)
+    return f"{name.replace('/', '_').replace(':', '_')}_{what}"
+
+
+class AGNState:
+    """An `AGNOptimizer`'s state: `local_step`, `rounds`, the
+    `VariableState` of each variable with a center (`states`), the
+    `fragments`, and the local steps this worker skipped alone since the
+    last commit (`skipped`, and the optimizer step of the first, or -1:
+    `first_skipped`)."""
+
+    def __init__(
+        self, local_step, rounds, states, fragments, skipped, first_skipped
+    ):
+        self.local_step = local_step
+        self.rounds = rounds
+        self.states = states
+        self.fragments = fragments
+        self.skipped = skipped
+        self.first_skipped = first_skipped
+
+
+class StateBuilder:
+    """Creates the state of `optimizer` (an `AGNOptimizer`) through its
+    `add_variable`."""
+
+    def __init__(self, optimizer, global_devices):
+        self.optimizer = optimizer
+        self.add_variable = optimizer.add_variable
+        self.add_variable_from_reference = optimizer.add_variable_from_reference
+        self.name = optimizer.name
+        self.commit = optimizer.commit
+        self.overlap = optimizer.overlap
+        self.fragments = optimizer.fragments
+        self.outer_optimizer = optimizer.outer_optimizer
+        self._global_devices = global_devices
+
+    def build(self, var_list):
+        """The optimizer's state for `var_list` (an `AGNState`)."""
+        local_step = self.add_variable(
+            shape=(), dtype="int64", name="local_step"
+        )
+        rounds = self.add_variable(
+            shape=(), dtype="int64", name="communication_rounds"
+        )
+        # Variables Keras overwrites with their gradient have no AGN state,
+        # as they have no slots in Keras's optimizers.
+        centered = [v for v in var_list if not gradients.overwrites(v)]
+        centers, accumulators = [], []
+        for i, variable in enumerate(var_list):
+            if not gradients.overwrites(variable):
+                centers.append(self._add_center(variable, i))
+                accumulators.append(
+                    self._add_own(variable, "grad_accumulator")
+                    if self.commit == "gradients"
+                    else None
+                )
+        parts, outers, outer_states = self._cut(centered)
+        phases, in_flight, starts = self._add_overlap_state(centered)
+        states = [
+            fragment.VariableState(*fields)
+            for fields in zip(
+                centered, centers, accumulators, in_flight, starts
+            )
+        ]
+        fragments = [
+            fragment.Fragment(f, part, states, outer, outer_state, phase)
+            for f, (part, outer, outer_state, phase) in enumerate(
+                zip(parts, outers, outer_states, phases)
+            )
+        ]
+        skipped = self._add_own(None, "skipped_local_steps")
+        first_skipped = self._add_own(None, "first_skipped_local_step")
+        return AGNState(
+            local_step, rounds, states, fragments, skipped, first_skipped
+        )
+
+    def _add_center(self, variable, index):
+        device = self._global_devices[index % len(self._global_devices)]
+        scope = tf.device(device) if device else contextlib.nullcontext()
+        with scope:
+            center = self.add_variable(
+                shape=variable.shape,
+                dtype=variable.dtype,
+                name=_slot_name(variable, "global_center"),
+            )
+        # The outer optimizer applies it after every update, as Keras's
+        # optimizers apply a variable's constraint.
+        center.constraint = variable.constraint
+        # Else the first step copies it, as always (`_start_from_model`).
+        if gradients.has_value(variable):
+            center.assign(variable)
+        return center
+
+    def _add_own(self, variable, what):
+        """A variable each replica keeps its own of, with no communication
+        (gradients summed, a commit in flight, skipped local steps): read
+        outside a replica (saving, `grad_variable(v).numpy()`) it is the
+        sum over replicas (the first's, for the first skipped step).
+        Restoring it gives every replica an equal share, which reduces to
+        the same. For `variable`, shaped and placed as it is; else a
+        scalar."""
+        strategy = internals.distribution_strategy(self.optimizer)
+        place = contextlib.nullcontext()
+        shape, dtype, aggregation = (), "float32", "sum"
+        name, initializer = what, "zeros"
+        if variable is not None:
+            place = strategy.extended.colocate_vars_with(
+                gradients.tf_variable(variable)
+            )
+            shape, dtype = variable.shape, variable.dtype
+            name = _slot_name(variable, what)
+        elif what.startswith("first"):
+            dtype, aggregation = "int64", "only_first_replica"
+            initializer = keras.initializers.Constant(-1)
+        with place, keras.name_scope(self.name):
+            own = keras.Variable(
+                initializer=initializer,
+                shape=shape,
+                dtype=dtype,
+                trainable=False,
+                synchronization="on_read",
+                aggregation=aggregation,
+                name=name,
+            )
+        internals.track_variable(self.optimizer, own)
+        return own
+
+    def _cut(self, centered):
+        """Each fragment's slice, outer optimizer and its state: one of
+        whole variables with the outer optimizer itself, or `fragments`
+        flat slices, each with the outer optimizer on tensors."""
+        if self.fragments == 1:
+            return (
+                [fragment.WholeVariables(len(centered))],
+                [self.outer_optimizer],
+                [()],
+            )
+        dtypes = {tf.as_dtype(v.dtype) for v in centered}
+        if len(dtypes) > 1 or not centered:
+            raise ValueError(
+                "`fragments` needs the trainable variables to have one "
+                f"dtype, but they have the dtypes "
+                f"{sorted(d.name for d in dtypes)}. Use `fragments=1`."
+            )
+        parts = fragment.cut(centered, self.fragments)
+        if min(p.size for p in parts) == 0:
+            raise ValueError(
+                f"`fragments={self.fragments}` is more than the model's "
+                f"{sum(p.size for p in parts)} weights. Use fewer fragments."
+            )
+        outers, outer_states = [], []
+        dtype = tf.as_dtype(centered[0].dtype).as_numpy_dtype
+        for f, part in enumerate(parts):
+            flat = keras.Variable(
+                np.zeros(part.size, dtype), name=f"fragment_{f}"
+            )
+            outer = TensorOptimizer(
+                self.outer_optimizer,
+                [flat],
+                f"With `fragments={self.fragments}` an AGNOptimizer runs its "
+                "outer optimizer on each fragment",
+            )
+            outers.append(outer)
+            outer_states.append(
+                [self._add_outer_state(f, t) for t in outer.state_templates]
+            )
+        return parts, outers, outer_states
+
+    def _add_outer_state(self, index, template):
+        state = self.add_variable(
+            shape=template.shape,
+            dtype=template.dtype,
+            name=f"fragment_{index}_outer_{template.name.split('/')[-1]}",
+        )
+        state.assign(template.numpy())
+        return state
+
+    def _add_overlap_state(self, centered):
+        """With `overlap=True`: each fragment's phase, each variable's slot
+        of the commit in flight and, for `commit="weight_change"`, its
+        period's start; else None for each."""
+        nothing = [None] * len(centered)
+        if not self.overlap:
+            return [None] * self.fragments, nothing, nothing
+        names = ["in_flight_phase"]
+        if self.fragments > 1:
+            names = [
+                f"fragment_{f}_in_flight_phase" for f in range(self.fragments)
+            ]
+        phases = [
+            self.add_variable(shape=(), dtype="int64", name=name)
+            for name in names
+        ]
+        in_flight = [self._add_own(v, "in_flight") for v in centered]
+        starts = nothing
+        if self.commit == "weight_change":
+            starts = [self._add_period_start(v) for v in centered]
+        return phases, in_flight, starts
+
+    def _add_period_start(self, variable):
+        start = self.add_variable_from_reference(variable, "period_start")
+        if gradients.has_value(variable):
+            start.assign(variable)
+        return start
