@@ -19,7 +19,7 @@ def launch_script():
     """The path of `keras_clones/launch.py`, found without importing the
     package, whose `__init__` imports TensorFlow (seconds of start-up per
     launch, on the cores the workers start on); `launch.py` itself imports
-    only the standard library.
+    only the standard library and `ports.py` beside it.
     """
     package = importlib.util.find_spec("keras_clones")
     return os.path.join(package.submodule_search_locations[0], "launch.py")

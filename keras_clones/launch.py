@@ -18,11 +18,17 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+
+if __package__:
+    from keras_clones.ports import free_ports
+else:
+    # Run as a file (`bench/launching.py`), without the package, whose
+    # `__init__` imports TensorFlow: ports.py lies beside it, on sys.path.
+    from ports import free_ports
 
 # How long stopped workers get to exit after SIGTERM before SIGKILL, and how
 # long their output is drained after they exit.
@@ -339,20 +345,6 @@ def _die_with_parent():
         pr_set_pdeathsig = 1
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
-def free_ports(count):
-    """`count` distinct free ports on 127.0.0.1."""
-    # All sockets stay bound until every port is picked, so the ports are
-    # distinct; another process could take one before its server binds it.
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _print_lines(stream, prefix, lock, error_line):

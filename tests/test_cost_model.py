@@ -260,10 +260,280 @@ def test_the_command_refuses_a_bad_bandwidth_in_one_line():
     result = subprocess.run(
         [sys.executable, "-m", "keras_clones.cost_model"]
         + ["--model-bytes", "1", "--compute-ms", "3", "--workers", "2"]
-        + ["--bandwidth", "fast"],
+        + ["--bandwidth", "-1gbit"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 2
-    assert "Expected a positive bandwidth" in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "python -m keras_clones.cost_model: error: --bandwidth must be above "
+        "0, in bits per second. Received: -1gbit. Pass the link's rate with "
+        "its unit, e.g. --bandwidth 1gbit."
+    ), result.stderr
+
+
+# The command line, run in this process.
+
+ERROR = "python -m keras_clones.cost_model: error: "
+MLP_ARGS = {
+    "--model-bytes": "1077288",
+    "--compute-ms": "3",
+    "--workers": "8",
+    "--bandwidth": "1gbit",
+}
+
+
+def command(capsys, *extra, **replaced):
+    """Runs the command on the MLP's options, with `replaced` ones
+    (`compute_ms="-200"`; None leaves one out) and `extra` arguments
+    after them; its exit code, stdout and stderr."""
+    options = dict(MLP_ARGS)
+    for name, value in replaced.items():
+        options["--" + name.replace("_", "-")] = value
+    argv = [
+        arg
+        for flag, value in options.items()
+        if value is not None
+        for arg in (flag, value)
+    ]
+    try:
+        code = cost_model.main(argv + list(extra))
+    except SystemExit as exit:
+        code = exit.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def refusal(capsys, *extra, **replaced):
+    """The one error line of a refused command, its prefix taken off."""
+    code, out, err = command(capsys, *extra, **replaced)
+    assert (code, out) == (2, ""), err
+    assert err.startswith("usage: python -m keras_clones.cost_model")
+    last = err.splitlines()[-1]
+    assert last.startswith(ERROR), err
+    return last[len(ERROR) :]
+
+
+def test_a_bare_number_bandwidth_is_refused_with_the_units_to_add(capsys):
+    assert refusal(capsys, bandwidth="1000") == (
+        "--bandwidth needs a unit (bit, kbit, mbit, gbit or tbit; '/s' "
+        "optional): a bare number would be read as bits per second. "
+        "Received: 1000. Pass e.g. --bandwidth 1000bit for 1 kbit/s, or "
+        "--bandwidth 1000mbit for 1 Gbit/s."
+    )
+    assert refusal(capsys, bandwidth="2.5G") == (
+        "--bandwidth needs a unit (bit, kbit, mbit, gbit or tbit; '/s' "
+        "optional): a bare number would be read as bits per second. "
+        "Received: 2.5G. Pass e.g. --bandwidth 2.5gbit for 2.5 Gbit/s."
+    )
+
+
+def test_a_negative_value_after_a_space_gets_the_options_own_message(
+    capsys,
+):
+    # argparse alone takes "-1gbit" and "-2e3" for options ("expected one
+    # argument") and passes "-200" on.
+    message = (
+        "--bandwidth must be above 0, in bits per second. Received: -1gbit. "
+        "Pass the link's rate with its unit, e.g. --bandwidth 1gbit."
+    )
+    assert refusal(capsys, bandwidth="-1gbit") == message
+    assert refusal(capsys, "--bandwidth=-1gbit", bandwidth=None) == message
+    assert refusal(capsys, compute_ms="-200") == (
+        "--compute-ms must be above 0 (one local step's compute on one "
+        "worker, in milliseconds). Received: -200. Pass e.g. --compute-ms 3."
+    )
+    assert refusal(capsys, "--hop-ms", "-2e3") == (
+        "--hop-ms must be at least 0 (per-collective overhead of one ring "
+        "step, in milliseconds). Received: -2e3. Pass e.g. --hop-ms 4."
+    )
+
+
+@pytest.mark.parametrize(
+    "replaced, message",
+    [
+        (
+            {"bandwidth": "fast"},
+            "--bandwidth must be the link's rate in bits per second, with its "
+            "unit (bit, kbit, mbit, gbit or tbit; '/s' optional). Received: "
+            "fast. Pass e.g. --bandwidth 100mbit or --bandwidth 1gbit.",
+        ),
+        (
+            {"bandwidth": "100Mbps"},
+            "--bandwidth takes bits per second (bit, kbit, mbit, gbit or "
+            "tbit; '/s' optional), not byte rates or 'bps' (bits to some, "
+            "bytes to tc). Received: 100Mbps. Pass e.g. --bandwidth 100mbit "
+            "for 100 Mbit/s, or --bandwidth 800mbit if you mean 100 MB a "
+            "second.",
+        ),
+        (
+            {"bandwidth": "1e999gbit"},
+            "--bandwidth must be finite, in bits per second. Received: "
+            "1e999gbit. Pass the link's rate with its unit, e.g. --bandwidth "
+            "1gbit.",
+        ),
+        (
+            {"compute_ms": "3ms"},
+            "--compute-ms must be a number (one local step's compute on one "
+            "worker, in milliseconds). Received: 3ms. Pass e.g. --compute-ms "
+            "3.",
+        ),
+        (
+            {"compute_ms": "inf"},
+            "--compute-ms must be finite (one local step's compute on one "
+            "worker, in milliseconds). Received: inf. Pass e.g. --compute-ms "
+            "3.",
+        ),
+        (
+            {"workers": "1"},
+            "--workers must be at least 2 (the number of workers; one worker "
+            "never synchronises). Received: 1. Pass e.g. --workers 8.",
+        ),
+        (
+            {"workers": "2.5"},
+            "--workers must be a whole number (the number of workers; one "
+            "worker never synchronises). Received: 2.5. Pass e.g. --workers "
+            "8.",
+        ),
+        (
+            {"period": "0"},
+            "--period must be at least 1 (AGN's communication_period; 1 is "
+            "synchronous training). Received: 0. Pass e.g. --period 64.",
+        ),
+        (
+            {"step_factor": "0.5"},
+            "--step-factor must be at least 1 (AGN's local steps to a target "
+            "over synchronous training's). Received: 0.5. Pass e.g. "
+            "--step-factor 1.5.",
+        ),
+        (
+            {"steps_per_execution": "-1"},
+            "--steps-per-execution must be at least 1 (the model's "
+            "steps_per_execution). Received: -1. Pass e.g. "
+            "--steps-per-execution 40.",
+        ),
+        (
+            {"model_bytes": "0"},
+            "--model-bytes must be above 0 (bytes per round, "
+            "AGNOptimizer.bytes_per_round). Received: 0. Pass e.g. "
+            "--model-bytes 1077288.",
+        ),
+    ],
+)
+def test_each_bad_value_is_refused_naming_the_option_and_the_value_as_typed(
+    capsys, replaced, message
+):
+    assert refusal(capsys, **replaced) == message
+
+
+def test_the_model_size_comes_from_one_of_model_bytes_and_params(capsys):
+    assert refusal(capsys, "--params", "269322") == (
+        "--model-bytes and --params both give the model's size: pass one. "
+        "Received: --model-bytes 1077288 and --params 269322. Drop one of "
+        "them."
+    )
+    assert refusal(capsys, model_bytes=None) == (
+        "The model's size is missing. Received: neither --model-bytes nor "
+        "--params. Pass --model-bytes BYTES (bytes per round, "
+        "AGNOptimizer.bytes_per_round) or --params N (its parameters, with "
+        "--dtype, float32 by default)."
+    )
+    assert refusal(capsys, "--dtype", "bfloat16") == (
+        "--dtype sizes the parameters of --params; --model-bytes is bytes "
+        "already. Received: --model-bytes 1077288 and --dtype bfloat16. Drop "
+        "--dtype, or pass --params instead of --model-bytes."
+    )
+    assert refusal(capsys, model_bytes=None, params="1e3", dtype="fp16") == (
+        "--dtype must be one of float32, bfloat16, float16, float64 (what a "
+        "round sends each parameter as). Received: fp16. Pass e.g. --dtype "
+        "bfloat16, or leave it out for float32."
+    )
+    assert refusal(capsys, model_bytes=None, params="1.5") == (
+        "--params must be a whole number (the model's parameters). "
+        "Received: 1.5. Pass e.g. --params 269322."
+    )
+
+
+def test_params_in_float32_are_the_same_model_as_its_bytes(capsys):
+    code, by_bytes, _ = command(capsys)
+    assert code == 0
+    code, by_params, _ = command(capsys, model_bytes=None, params="269322")
+    assert code == 0
+    first, *rest = by_params.splitlines()
+    assert first == (
+        "model: 269,322 parameters x 4 bytes (float32) = 1,077,288 bytes a "
+        "round"
+    )
+    assert by_bytes.splitlines()[0] == "model: 1,077,288 bytes a round"
+    assert rest == by_bytes.splitlines()[1:]
+
+
+def test_params_in_bfloat16_halve_the_rounds_transfer(capsys):
+    code, out, _ = command(
+        capsys, model_bytes=None, params="269322", dtype="bfloat16"
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == (
+        "model: 269,322 parameters x 2 bytes (bfloat16) = 538,644 bytes a round"
+    )
+    # 14 half models through a shared 1 Gbit/s: 8 x 14 x 538,644 / 1e9 s.
+    assert lines[2] == "round (one all-reduce): 60.3 ms"
+
+
+def test_the_output_says_which_link_model_was_used(capsys):
+    code, shared, _ = command(capsys)
+    assert code == 0
+    assert shared.splitlines()[1] == (
+        "link model: shared link, one 1 Gbit/s queue for all 8 workers, 14 "
+        "models a round through it (--own-links: a 1 Gbit/s card per worker)"
+    )
+    # 8 x 14 x 1,077,288 bytes at 1e9 b/s.
+    assert shared.splitlines()[2] == "round (one all-reduce): 120.7 ms"
+    code, own, _ = command(capsys, "--own-links")
+    assert code == 0
+    assert own.splitlines()[1] == (
+        "link model: own links, a 1 Gbit/s card per worker, 1.75 of a model "
+        "a round through each (without --own-links: one queue shared by all)"
+    )
+    # 8 times less: 8 x 1.75 x 1,077,288 bytes at 1e9 b/s.
+    assert own.splitlines()[2] == "round (one all-reduce): 15.1 ms"
+
+
+@pytest.mark.parametrize(
+    "typed, shown",
+    [
+        ("1000bit", "1 kbit/s"),
+        ("100mbit", "100 Mbit/s"),
+        ("10Mbit/s", "10 Mbit/s"),
+        ("1 Gbit/s", "1 Gbit/s"),
+        ("2.5gbit", "2.5 Gbit/s"),
+    ],
+)
+def test_bandwidths_with_units_in_bits_are_read_as_tc_writes_them(
+    capsys, typed, shown
+):
+    code, out, err = command(capsys, bandwidth=typed)
+    assert code == 0, err
+    assert out.splitlines()[1].startswith(
+        f"link model: shared link, one {shown} queue for all 8 workers"
+    )
+
+
+def test_help_says_the_bandwidth_is_bits_per_second_with_a_unit(
+    capsys, monkeypatch
+):
+    monkeypatch.setenv("COLUMNS", "200")  # No line cut at a hyphen.
+    with pytest.raises(SystemExit) as exit:
+        cost_model.main(["--help"])
+    assert exit.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "--bandwidth RATE the link's rate in bits per second, with its unit: "
+        "100mbit, 1gbit, 1000bit (bit, kbit, mbit, gbit, tbit; '/s' "
+        "optional; a bare number is refused); one link shared by all "
+        "workers unless --own-links" in out
+    )
+    assert "--params N the model's parameters, instead of --model-bytes" in out
+    assert "(AGNOptimizer's communication_dtype; default float32)" in out

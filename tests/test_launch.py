@@ -6,6 +6,7 @@ import os
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ import pytest
 from keras_clones import launch as launch_module
 from keras_clones.launch import launch
 from keras_clones.launch import main
+from keras_clones.ports import free_ports
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -472,6 +474,42 @@ def test_python_dash_m_launch_imports_no_tensorflow_or_keras():
     assert "keras_clones" in imported  # The package, before __main__.
     heavy = [m for m in imported if m.split(".")[0] in HEAVY_MODULES]
     assert heavy == []
+
+
+def test_launch_py_run_as_a_file_imports_ports_beside_it_not_the_package():
+    # As bench/launching.py runs it: the package's __init__ would import
+    # TensorFlow.
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "keras_clones/launch.py"]
+        + ["--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage: python -m keras_clones.launch" in result.stdout
+    imported = [
+        line.split("|")[-1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    ]
+    assert "ports" in imported
+    assert [m for m in imported if m.startswith("keras_clones")] == []
+    heavy = [m for m in imported if m.split(".")[0] in HEAVY_MODULES]
+    assert heavy == []
+
+
+def test_free_ports_are_distinct_ports_that_can_be_bound_on_localhost():
+    ports = free_ports(5)
+
+    assert len(set(ports)) == 5
+    assert all(isinstance(port, int) and 0 < port < 65536 for port in ports)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[0]))
+    # The launcher uses the same function.
+    assert launch_module.free_ports is free_ports
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from keras_clones import launch
+from keras_clones.ports import free_ports
 
 
 def is_parameter_server(strategy):
@@ -60,7 +60,7 @@ class InProcessCluster:
                 raise ValueError(
                     f"`{name}` must be at least 1. Received: {name}={value}."
                 )
-        ports = launch.free_ports(num_workers + num_ps)
+        ports = free_ports(num_workers + num_ps)
         spec = tf.train.ClusterSpec(
             {
                 "worker": [f"127.0.0.1:{p}" for p in ports[:num_workers]],
