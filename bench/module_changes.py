@@ -10,7 +10,10 @@ clones per worker, on `/cpu:0` and `/cpu:1`) compiled with
 how scattered the code of a step is, independent of the machine. It prints
 the number of module changes, the distinct modules touched, how many times
 a call enters `keras_clones/callbacks/` and the distinct changes (pairs of
-modules, from and to); with `--verbose`, the sequence of changes, each with
+modules, from and to), and the distinct calls into another module (a
+call from function f of one module into function g of another, counted
+once however often it runs: a reader's hops through the step); with
+`--verbose`, the sequence of changes, each with
 the function entered or returned to. The count is dynamic: a Python loop
 over the model's 6 trainable variables that calls into another module
 counts 2 changes per variable.
@@ -186,8 +189,14 @@ class ModuleChanges:
             and not in_callbacks(before)
         )
         pairs = set(zip(modules, modules[1:]))
+        calls = {
+            (*before[:2], *after[:2])
+            for before, after in zip(self.sequence, self.sequence[1:])
+            if after[2] == "call"
+        }
         return {
             "module_changes": max(len(modules) - 1, 0),
+            "distinct_calls": len(calls),
             "distinct_changes": len(pairs),
             "distinct_modules": sorted(set(modules)),
             "callbacks_entries": entries,
@@ -307,6 +316,11 @@ def main():
         "traced (worker 0):"
     )
     print(f"module changes: {result['module_changes']}")
+    print(
+        "distinct calls into another module (by the function left and "
+        f"the function entered; loops and clones once): "
+        f"{result['distinct_calls']}"
+    )
     modules = result["distinct_modules"]
     print(f"distinct modules: {len(modules)}: {', '.join(modules)}")
     print(f"entries into {CALLBACKS}: {result['callbacks_entries']}")

@@ -23,6 +23,7 @@ from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 from keras.src.utils.tracking import no_automatic_dependency_tracking
+from tensorflow.core.framework import attr_value_pb2
 
 __all__ = [
     "Functional",
@@ -238,3 +239,9 @@ def stateless_copy(optimizer):
     config = optimizer.get_config()
     config["learning_rate"] = 0.0
     return _STATELESS_CLASSES[cls].from_config(config)
+
+
+def keep_unlowered(op):
+    """Keeps `op`, a functional `If` of `tf.cond`, from being lowered to
+    Switch and Merge (TensorFlow's private attribute, as XLA keeps it)."""
+    op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))

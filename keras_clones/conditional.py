@@ -10,9 +10,52 @@ had, so that they do not grow.
 
 import tensorflow as tf
 
+from keras_clones import _keras_internals as internals
+
 
 def _none():
     return None
+
+
+def _cond(pred, update, otherwise):
+    """`tf.cond`; traced outside any distribution strategy, over variables
+    of one device, kept a functional `If` (not lowered to Switch and
+    Merge), so that a step runs only the branch taken, not a dead one
+    through every op. (A functional `If` cannot take variables of several
+    devices: replicated copies, centers on a `global_device`.)"""
+    if tf.executing_eagerly() or tf.distribute.has_strategy():
+        tf.cond(pred, update, otherwise)
+        return
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
+    tf.cond(pred, update, otherwise)
+    for op in graph.get_operations()[before:]:
+        if op.type in ("If", "StatelessIf") and _one_device(graph, op):
+            internals.keep_unlowered(op)
+
+
+def _one_device(graph, op):
+    """Whether every variable `op` reads or writes lives on one device."""
+    devices = {
+        _device_of(graph, tensor)
+        for tensor in op.inputs
+        if tensor.dtype == tf.resource
+    }
+    return len(devices) <= 1 and "" not in devices
+
+
+def _device_of(graph, tensor):
+    """The device of a resource `tensor` of `graph`, through the graphs
+    that capture it, or "" where unknown."""
+    while hasattr(graph, "captures"):
+        outer = {id(inner): outer for outer, inner in graph.captures}
+        if id(tensor) not in outer:
+            break
+        tensor = outer[id(tensor)]
+        if not tf.is_symbolic_tensor(tensor):
+            return tensor.device  # A variable's handle.
+        graph = tensor.graph
+    return tf.DeviceSpec.from_string(tensor.op.device or "").to_string()
 
 
 def run_if(pred, update, otherwise=None):
@@ -29,7 +72,7 @@ def run_if(pred, update, otherwise=None):
     otherwise = otherwise or _none
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
-        tf.cond(pred, update, otherwise)
+        _cond(pred, update, otherwise)
         return
 
     def cross_replica(distribution, pred):

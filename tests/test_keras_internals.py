@@ -304,3 +304,22 @@ def test_without_gradient_all_reduce_leaves_gradients_as_they_are():
     with internals.without_gradient_all_reduce(optimizer):
         assert optimizer._all_reduce_sum_gradients(pairs) == pairs
     assert "_all_reduce_sum_gradients" not in vars(optimizer)
+
+
+def test_keep_unlowered_keeps_an_if_a_function_call_that_still_runs():
+    variable = tf.Variable(0.0)
+
+    def add():
+        variable.assign_add(1.0)
+
+    @tf.function(autograph=False)
+    def step(pred):
+        graph = tf.compat.v1.get_default_graph()
+        tf.cond(pred, add, lambda: None)
+        (op,) = [o for o in graph.get_operations() if o.type == "If"]
+        internals.keep_unlowered(op)
+        assert op.get_attr("_lower_using_switch_merge") is False
+
+    step(tf.constant(True))
+    step(tf.constant(False))
+    assert float(variable.numpy()) == 1.0

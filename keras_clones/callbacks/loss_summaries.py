@@ -5,6 +5,7 @@ import os
 import keras
 import tensorflow as tf
 
+from keras_clones import gradients
 from keras_clones import step_hooks
 from keras_clones.clone_model import CloneModel
 
@@ -204,8 +205,9 @@ class LossSummaries(keras.callbacks.Callback):
         histograms = {}
         for variable, gradient in self._recorder.gradients:
             value = gradient.value
-            histograms[f"{variable.path}:gradient"] = value
-            scalars[f"{variable.path}:gradient_norm"] = tf.norm(value)
+            name = gradients.variable_name(variable)
+            histograms[f"{name}:gradient"] = value
+            scalars[f"{name}:gradient_norm"] = tf.norm(value)
         self._write(self._train_writer, scalars, histograms)
 
     def _write(self, writer, scalars, histograms=None):
