@@ -160,11 +160,10 @@ class PeriodEngine:
         # On the first step the centers take the model's values: weights
         # loaded after `build` are the ones to train from.
         distribution = tf.distribute.get_strategy()
-        by_variable = {id(s.variable): s for s in self.state.states}
 
         def copy_model_into_centers():
             for variable in variables:
-                state = by_variable[id(variable)]
+                state = self.state.of(variable)
                 gradients.assign_in_cross_replica(
                     distribution, state.center, variable
                 )
@@ -195,9 +194,8 @@ class PeriodEngine:
         else:
             self.inner_optimizer.apply(grads, variables)
         if self.accumulates:
-            by_variable = {id(s.variable): s for s in self.state.states}
             for variable, grad in zip(variables, grads):
-                by_variable[id(variable)].accumulator.assign_add(
+                self.state.of(variable).accumulator.assign_add(
                     tf.convert_to_tensor(grad)
                 )
 
@@ -220,7 +218,7 @@ class PeriodEngine:
         if schedule.period == 1:
             # The step is the commit: it commits only if it applied (the
             # same on every worker).
-            end = self._end_whole_period(self.state.fragments[0], pairs, hooks)
+            end = self._period_end(self.state.fragments[0], pairs, hooks)
             if applied is None:
                 end()
             else:
@@ -233,18 +231,17 @@ class PeriodEngine:
         step = gradients.tf_variable(self.state.local_step)
         for index, ends in schedule.ending(step):
             fragment = self.state.fragments[index]
-            if schedule.delay:
-                end = lambda f=fragment: self._end_period_in_step(f)  # noqa: E731
-            elif schedule.fragments > 1:
-                end = lambda f=fragment: self.end_period(f, 0, hooks)  # noqa: E731
-            else:
-                end = self._end_whole_period(fragment, pairs, hooks)
-            run_if(ends, end)
+            run_if(ends, self._period_end(fragment, pairs, hooks))
 
-    def _end_whole_period(self, fragment, pairs, hooks):
-        """The end of one fragment of whole variables, over those that
-        have gradients in this step; with a period of 1 and the gradients
-        rule, they are the commit."""
+    def _period_end(self, fragment, pairs, hooks):
+        """What ends `fragment`'s period in a step whose gradients are
+        `pairs`."""
+        if self.schedule.delay:
+            return lambda: self._end_period_in_step(fragment)
+        if not fragment.whole:
+            return lambda: self.end_period(fragment, 0, hooks)
+        # Whole variables: those with gradients in this step; with a period
+        # of 1 and the gradients rule, their gradients are the commit.
         fragment = fragment.over([v for _, v in pairs])
         grads = None
         if self.schedule.period == 1 and self.rule.commit == "gradients":
@@ -261,21 +258,21 @@ class PeriodEngine:
         `hooks` (or None): the step hooks whose guard judges the commit."""
         self.state.rounds.assign_add(1)
         if commit is not None:
-            self._apply_given(fragment, commit, hooks)
+            self._apply_given_commit(fragment, commit, hooks)
             return
         distribution = tf.distribute.get_strategy()
         if delay:
             self._hold_in_flight(distribution, fragment, hooks)
             return
         distribution.extended.call_for_each_replica(
-            self._commit, args=(fragment, hooks, grads)
+            self._reduce_and_move, args=(fragment, hooks, grads)
         )
         # The fragment of the local weights takes the (same) centers.
         fragment.assign(distribution, "variable", fragment.gather("center"))
 
-    def _commit(self, fragment, hooks, grads):
-        """In a replica: the workers' commit of the fragment's period moves
-        its centers; its accumulators restart."""
+    def _reduce_and_move(self, fragment, hooks, grads):
+        """In a replica: the workers' commits of the fragment's period,
+        reduced, move its centers; its accumulators restart."""
         if grads is None:
             grads = self._period_commit(fragment, "center")
         reduced = self._all_reduce(grads)
@@ -321,7 +318,7 @@ class PeriodEngine:
         else:
             run_if(applied, move)
 
-    def _apply_given(self, fragment, commit, hooks):
+    def _apply_given_commit(self, fragment, commit, hooks):
         centers = fragment.field("center")
         if hooks is not None:
             hooks.observe(Step(commit, centers))

@@ -235,8 +235,6 @@ class AGNOptimizer(keras.optimizers.Optimizer):
 
     def _build(self, var_list):
         self._state = StateBuilder(self, self._global_devices).build(var_list)
-        self._state_of = {id(v): None for v in var_list}
-        self._state_of.update({id(s.variable): s for s in self._state.states})
         self._engine = engine.PeriodEngine(
             self._commit_rule,
             self._schedule,
@@ -366,14 +364,14 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 f"The AGNOptimizer has no {what} yet: it is built on the "
                 "first training step or by `optimizer.build(variables)`."
             )
-        try:
-            state = self._state_of[id(variable)]
-        except KeyError:
+        state = self._state.of(variable)
+        built_on = internals.built_variables(self)
+        if state is None and not any(v is variable for v in built_on):
             raise KeyError(
                 f"The AGNOptimizer has no {what} for variable "
                 f"{gradients.variable_name(variable)!r}: it was built on "
                 "other variables (those of the model it was compiled with)."
-            ) from None
+            )
         if state is None:
             raise KeyError(
                 f"The AGNOptimizer has no {what} for variable "

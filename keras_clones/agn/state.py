@@ -38,6 +38,12 @@ class AGNState:
         self.fragments = fragments
         self.skipped = skipped
         self.first_skipped = first_skipped
+        self._of = {id(s.variable): s for s in states}
+
+    def of(self, variable):
+        """The `VariableState` of model variable `variable`, or None (a
+        variable without one: it takes its gradient as its value)."""
+        return self._of.get(id(variable))
 
 
 class StateBuilder:
