@@ -210,35 +210,11 @@ class CloneModel(keras.Model):
         return modes.of(self.distribute_strategy)
 
     def _prepare_copies(self):
-        """Builds the copies of replicated variables, to sync before a step."""
-        deployment = self._deployment
-        if (
-            deployment.variable_update != "replicated"
-            or deployment.num_clones == 1
-            or self.optimizer is None
-            or not self.trainable_variables
-        ):
-            self._copies = None
-            return
-        if self.distribute_strategy.num_replicas_in_sync > 1:
-            raise NotImplementedError(
-                "`variable_update='replicated'` does not train across "
-                "workers yet. Use `variable_update='parameter_server'` "
-                "under MultiWorkerMirroredStrategy."
-            )
-        # Else the copies take the model's updated weights.
-        broadcast = not optimizer_capabilities.copies_can_apply(self.optimizer)
-        copies = self._copies
-        if (
-            copies is None
-            or copies.optimizer is not self.optimizer
-            or list(map(id, copies.variables[0]))
-            != list(map(id, self.trainable_variables))
-        ):
-            if copies is not None:
-                self.train_function = None  # It holds the old copies.
-            self._copies = replication.VariableCopies(self, broadcast=broadcast)
-        self._copies.mark_stale()
+        """The copies of replicated variables, to sync before a step."""
+        copies = replication.copies_for(self, self._copies)
+        if self._copies is not None and copies is not self._copies:
+            self.train_function = None  # It holds the old copies.
+        self._copies = copies
 
     def make_test_function(self, force=False):
         self._check_deployment()

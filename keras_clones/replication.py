@@ -11,6 +11,8 @@ own variables are tracked, so saving stores one copy.
 import keras
 import tensorflow as tf
 
+from keras_clones import optimizer_capabilities
+
 
 class _CopyScope(keras.StatelessScope):
     """Runs a clone on its copies, recording what the clone assigns."""
@@ -180,6 +182,38 @@ class VariableCopies:
                 optimizer.learning_rate.assign(learning_rate)
             with tf.device(self.devices[i]):
                 optimizer.apply(clone_grads[i], self.variables[i])
+
+
+def copies_for(model, copies):
+    """The `VariableCopies` `model` trains with now, marked stale (to sync
+    before a step): `copies` while they still fit its deployment,
+    optimizer and variables, else new ones; None without replicated
+    variables."""
+    deployment = model.deployment
+    if (
+        deployment.variable_update != "replicated"
+        or deployment.num_clones == 1
+        or model.optimizer is None
+        or not model.trainable_variables
+    ):
+        return None
+    if model.distribute_strategy.num_replicas_in_sync > 1:
+        raise NotImplementedError(
+            "`variable_update='replicated'` does not train across "
+            "workers yet. Use `variable_update='parameter_server'` "
+            "under MultiWorkerMirroredStrategy."
+        )
+    if (
+        copies is None
+        or copies.optimizer is not model.optimizer
+        or list(map(id, copies.variables[0]))
+        != list(map(id, model.trainable_variables))
+    ):
+        # Else the copies take the model's updated weights.
+        broadcast = not optimizer_capabilities.copies_can_apply(model.optimizer)
+        copies = VariableCopies(model, broadcast=broadcast)
+    copies.mark_stale()
+    return copies
 
 
 def _check_same_state(optimizer, copy):
