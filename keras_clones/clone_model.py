@@ -431,7 +431,7 @@ class CloneModel(keras.Model):
             return self._step_hooks.run(
                 step,
                 update,
-                computed.finite,
+                finite=computed.finite,
                 on_skip=update_weights if loss_scaled else None,
             )
 

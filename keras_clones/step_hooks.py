@@ -52,8 +52,9 @@ class Verdict(typing.NamedTuple):
     """Whether a step's loss and gradients are finite: data a guard
     judges."""
 
-    finite: object  # A boolean vector: the loss (if `has_loss`), then each
-    # gradient of `variables`, then any agreement (`agreed`).
+    # A boolean vector: the loss (if `has_loss`), then each gradient of
+    # `variables`, then, if agreed (`across_workers`), every worker's.
+    finite: object
     variables: list  # The variables of the gradients, for the names.
     has_loss: bool = True
     # The optimizer step this is (`optimizer.iterations` before it), where
@@ -181,18 +182,20 @@ class StepHooks:
             )
         return applied
 
-    def judge_update(self, grads, variables, loss=None, iteration=None):
+    def judge_update(self, grads, variables):
         """The guard's judgement of an update made inside the step (such as
         an `AGNOptimizer`'s commit), which is the same on every worker:
-        whether it applies, or None without a guard."""
+        whether it applies, or None without a guard.
+
+        Args:
+            grads: The update's gradients.
+            variables: The variables they apply to (named in a failure).
+        """
         if self._guard is None:
             return None
-        verdict = Verdict(
-            finiteness(loss, grads), variables, loss is not None, iteration
-        )
-        return self.judge(verdict)
+        return self.judge(Verdict(finiteness(None, grads), variables, False))
 
-    def decide(self, step, finite=None, alone=False):
+    def decide(self, step, finite=None, *, alone=False):
         """Called by the host inside its step, before the update: the
         observers see `step`, and the guard, if any, judges it from
         `finite` (`finiteness` of its loss and gradients, where the host
@@ -200,6 +203,11 @@ class StepHooks:
         `AGNOptimizer` whose worker skips a local step alone) the guard
         does not judge it now: the optimizer counts it, and reports it at
         the commit.
+
+        Args:
+            step: The `Step`.
+            finite: Its `finiteness`, or None (computed here if needed).
+            alone: Whether this worker skips the step alone.
 
         Returns:
             None without a guard, else whether the update applies (a
@@ -215,7 +223,7 @@ class StepHooks:
             return verdict.passed
         return self.judge(verdict.across_workers())
 
-    def run(self, step, update, finite=None, on_skip=None):
+    def run(self, step, update, *, finite=None, on_skip=None):
         """`decide` on `step`, then `update()` where it applies, else
         `on_skip()` (if given).
 
@@ -234,8 +242,10 @@ class StepHooks:
         `AGNOptimizer`'s commit): `count` local steps (a float32 tensor,
         the same on every worker) were skipped alone since the last call,
         the first at optimizer step `first_iteration` (-1: none)."""
-        if self._guard is not None:
-            self._guard.report_skips(count, first_iteration)
+        # A guard that never sees local steps skipped alone may lack it.
+        report = getattr(self._guard, "report_skips", None)
+        if report is not None:
+            report(count, first_iteration)
 
     def traced_with_other_hooks(self):
         """Whether the host's step was last traced with other hooks."""

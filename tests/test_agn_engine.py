@@ -112,3 +112,12 @@ def test_skipped_local_steps_are_optimizer_state_saved_with_it():
         v for v in optimizer.variables if v.name == "first_skipped_local_step"
     )
     assert int(first.numpy()) == -1
+
+
+def test_a_step_on_variables_it_was_not_built_on_is_refused_naming_them():
+    built_on = keras.Variable(np.ones(2, "float32"), name="a")
+    other = keras.Variable(np.ones(2, "float32"), name="b")
+    optimizer = AGNOptimizer(keras.optimizers.SGD(0.1), 2)
+    optimizer.build([built_on])
+    with pytest.raises(KeyError, match="'b': it was built on other variables"):
+        optimizer.apply([tf.ones(2)], [other])

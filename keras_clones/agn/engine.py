@@ -59,8 +59,8 @@ def replica_context():
     context = tf.distribute.get_replica_context()
     if context is None:
         raise ValueError(
-            "AGNOptimizer.apply() must be called in a replica context, "
-            "e.g. inside `strategy.run`, as `fit` does."
+            "An AGNOptimizer's step (`apply`) must run in a replica "
+            "context, e.g. inside `strategy.run`, as `fit` runs it."
         )
     return context
 
@@ -71,6 +71,14 @@ def across_workers():
     strategy = tf.distribute.get_strategy()
     replicas = strategy.num_replicas_in_sync
     return replicas > 1 and len(strategy.extended.worker_devices) == 1
+
+
+def skips_alone(schedule):
+    """Whether in the current strategy a worker skips a non-finite local
+    step alone, counted at the next commit: across workers, with a period
+    longer than 1 (with a period of 1 the step is the commit, and the
+    workers skip it together)."""
+    return schedule.period > 1 and across_workers()
 
 
 def _read_own(variable):
@@ -129,13 +137,6 @@ class PeriodEngine:
         periods longer than 1)."""
         return self.rule.commit == "gradients" and self.rule.period > 1
 
-    def skips_alone(self):
-        """Whether in the current strategy a worker skips a non-finite
-        local step alone, counted at the next commit: across workers, with
-        a period longer than 1 (with a period of 1 the step is the commit,
-        and the workers skip it together)."""
-        return self.schedule.period > 1 and across_workers()
-
     # A local step.
 
     def step(self, grads, variables, hooks, applied):
@@ -149,7 +150,7 @@ class PeriodEngine:
             self._local_update(grads, variables)
         else:
             run_if(applied, lambda: self._local_update(grads, variables))
-            if self.skips_alone():
+            if skips_alone(self.schedule):
                 self._count_skip(applied)
         pairs = gradients.with_gradients(grads, variables, warn=False)
         pairs = [(g, v) for g, v in pairs if not gradients.overwrites(v)]
@@ -251,11 +252,18 @@ class PeriodEngine:
     # The end of a period.
 
     def end_period(self, fragment, delay, hooks, grads=None, commit=None):
-        """Ends `fragment`'s period, in a cross-replica context (a step's
-        merge call), with `delay` 0 or 1 (see the module's docstring). With
-        a period of 1 and the gradients rule, `grads` (per replica) are the
-        commit; given `commit` (already reduced), it is applied as it is.
-        `hooks` (or None): the step hooks whose guard judges the commit."""
+        """Ends `fragment`'s period with `delay` 0 or 1 (see the module's
+        docstring), in a cross-replica context (a step's merge call); given
+        `commit`, anywhere (the parameter servers' coordinator).
+
+        Args:
+            fragment: The `Fragment`.
+            delay: 0, or 1 with overlapped commits.
+            hooks: The step hooks whose guard judges the commit, or None.
+            grads: With a period of 1 and the gradients rule, the step's
+                gradients (per replica): the commit.
+            commit: A commit already reduced, applied as it is.
+        """
         self.state.rounds.assign_add(1)
         if commit is not None:
             self._apply_given_commit(fragment, commit, hooks)
@@ -307,8 +315,9 @@ class PeriodEngine:
         return rule.received(reduced, [v.dtype for v in values])
 
     def _move_centers(self, fragment, reduced, hooks):
-        """In a replica: `reduced` moves the fragment's centers, unless the
-        guard of `hooks` finds it not finite."""
+        """In a replica (or outside any strategy): `reduced` moves the
+        fragment's centers, unless the guard of `hooks` finds it not
+        finite."""
         applied = None
         if hooks is not None:
             applied = hooks.judge_update(reduced, fragment.checked_variables())
@@ -346,7 +355,11 @@ class PeriodEngine:
         """In a replica, at a commit: the local steps every worker skipped
         alone since the last one, reported to the guard of `hooks` (from
         one all-gather)."""
-        if hooks is None or hooks.guard is None or not self.skips_alone():
+        if (
+            hooks is None
+            or hooks.guard is None
+            or not skips_alone(self.schedule)
+        ):
             return
         state = self.state
         mine = tf.stack(
@@ -483,10 +496,9 @@ class PeriodEngine:
         finally:
             self._execution_ends_periods = False
         last_step = local_step.read_value()
-        share = tf.constant(self.schedule.share, tf.int64)
-        tf.debugging.assert_less_equal(
-            last_step // share - first_step // share,
-            tf.cast(tf.equal(last_step % share, 0), tf.int64),
+        tf.debugging.assert_equal(
+            self.schedule.ends_at_most_once(first_step, last_step),
+            True,
             message=(
                 "With `overlap=True` every execution of the train function "
                 "must end at or before the next period's end, but one "

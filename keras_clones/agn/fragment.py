@@ -16,25 +16,12 @@ So with fragments the outer optimizer must update each element on its own
 weight decay or norm clipping, which look at whole variables).
 """
 
-import typing
-
 import numpy as np
 import tensorflow as tf
 
 from keras_clones import gradients
 
 NOTHING, SENT, RECEIVED = 0, 1, 2  # A fragment's in-flight phases.
-
-
-class VariableState(typing.NamedTuple):
-    """AGN's state of one model variable (None where a rule keeps none)."""
-
-    variable: object  # The model's (local) variable.
-    center: object  # Its global center.
-    accumulator: object  # Its gradient accumulator (`commit="gradients"`).
-    in_flight: object  # Its slot of the commit in flight (`overlap=True`).
-    period_start: object  # Its weights at its period's start (overlap,
-    # `commit="weight_change"`).
 
 
 class WholeVariables:
@@ -144,14 +131,13 @@ def cut(variables, count):
 
 class Fragment:
     """One fragment: its slice of the weights (`WholeVariables` or
-    `FlatPieces`) over `states` (the `VariableState`s of the variables that
-    have centers), its outer optimizer (a Keras optimizer for whole
-    variables, else a `TensorOptimizer` with its state in `outer_state`),
-    and, with overlapped commits, its in-flight `phase` (a variable:
-    `NOTHING`, `SENT` or `RECEIVED`)."""
+    `FlatPieces`) over `states` (the `state.VariableState`s of the
+    variables that have centers); its outer optimizer (a Keras optimizer
+    for whole variables, else a `TensorOptimizer`, its state in
+    `outer_state`); with overlapped commits, its in-flight `phase` (a
+    variable: `NOTHING`, `SENT` or `RECEIVED`)."""
 
-    def __init__(self, index, part, states, outer, outer_state=(), phase=None):
-        self.index = index
+    def __init__(self, part, states, outer, outer_state=(), phase=None):
         self.part = part
         self.states = list(states)
         self.outer = outer
@@ -169,9 +155,7 @@ class Fragment:
         states = [s for s in self.states if id(s.variable) in ids]
         if len(states) == len(self.states):
             return self
-        return Fragment(
-            self.index, WholeVariables(len(states)), states, self.outer
-        )
+        return Fragment(WholeVariables(len(states)), states, self.outer)
 
     def field(self, name):
         """The fragment's variables of `VariableState` field `name`."""

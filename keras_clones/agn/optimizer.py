@@ -475,6 +475,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self.build(trainable_variables)
         pairs = gradients.with_gradients(list(grads), trainable_variables)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        self._check_built_on(variables)
         hooks = self._step_hooks
         applied = hooks.decide(Step(grads, variables), alone=self.skips_alone)
         self._engine.step(grads, variables, hooks, applied)
@@ -498,7 +499,14 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         engine.replica_context()  # Checks where it is called.
         trainable_variables = list(trainable_variables)
         self.build(trainable_variables)
+        self._check_built_on(trainable_variables)
         self._engine.step(list(grads), trainable_variables, step_hooks, applied)
+
+    def _check_built_on(self, variables):
+        """Refuses variables the optimizer was not built on."""
+        for variable in variables:
+            if not gradients.overwrites(variable):
+                self._state_for(variable, "global center")
 
     @property
     def skips_alone(self):
@@ -506,7 +514,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         local step alone, counted at the next commit: across workers, with
         a period longer than 1. With a period of 1 every step commits, and
         the workers skip a step together, as in synchronous training."""
-        return self.communication_period > 1 and engine.across_workers()
+        return engine.skips_alone(self._schedule)
 
     def apply_commit(self, commit, var_list, step_hooks=None, applied=None):
         """Applies one period's `commit` (a gradient per variable, by this

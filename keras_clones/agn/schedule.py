@@ -22,9 +22,16 @@ class Schedule(typing.NamedTuple):
         return self.period // self.fragments
 
     def ending(self, step):
-        """The one answer to "does local step `step` (a tensor, counted
-        from 1) end a period, and whose?": each fragment with a boolean
-        tensor, whether its period ends there."""
+        """The one answer to "does local step `step` end a period, and
+        whose?".
+
+        Args:
+            step: A local step (an integer tensor, counted from 1).
+
+        Returns:
+            A list of `(fragment, ends)`: each fragment's index, with a
+            boolean tensor, whether its period ends at `step`.
+        """
         if self.fragments == 1:
             return [(0, tf.equal(step % self.period, 0))]
         share = self.share
@@ -35,6 +42,15 @@ class Schedule(typing.NamedTuple):
             (f, tf.logical_and(at_a_share, tf.equal(fragment, f)))
             for f in range(self.fragments)
         ]
+
+    def ends_at_most_once(self, first, last):
+        """Whether local steps after `first` up to `last` (tensors) cross
+        no period's end but, at most, one at `last` itself (a boolean
+        tensor): what an execution of the train function may do with
+        overlapped commits."""
+        share = tf.constant(self.share, tf.int64)
+        crossed = last // share - first // share
+        return crossed <= tf.cast(tf.equal(last % share, 0), tf.int64)
 
     def synchronised_at(self, step):
         """Whether after `step` local steps (an int) the local weights are

@@ -1,9 +1,10 @@
 """An `AGNOptimizer`'s state, as its `build` creates it: optimizer
 variables (in a fixed order, the order of `variables`), gathered in one
-record per model variable (`fragment.VariableState`) and in the
+record per model variable (`VariableState`) and in the
 fragments."""
 
 import contextlib
+import typing
 
 import keras
 import numpy as np
@@ -20,6 +21,17 @@ def _slot_name(variable, what):
     `add_variable_from_reference` makes it."""
     name = gradients.variable_name(variable)
     return f"{name.replace('/', '_').replace(':', '_')}_{what}"
+
+
+class VariableState(typing.NamedTuple):
+    """AGN's state of one model variable (None where a rule keeps none)."""
+
+    variable: object  # The model's (local) variable.
+    center: object  # Its global center.
+    accumulator: object  # Its gradient accumulator (`commit="gradients"`).
+    in_flight: object  # Its slot of the commit in flight (`overlap=True`).
+    period_start: object  # Its weights at its period's start (overlap,
+    # `commit="weight_change"`).
 
 
 class AGNState:
@@ -84,19 +96,30 @@ class StateBuilder:
         parts, outers, outer_states = self._cut(centered)
         phases, in_flight, starts = self._add_overlap_state(centered)
         states = [
-            fragment.VariableState(*fields)
+            VariableState(*fields)
             for fields in zip(
                 centered, centers, accumulators, in_flight, starts
             )
         ]
         fragments = [
-            fragment.Fragment(f, part, states, outer, outer_state, phase)
-            for f, (part, outer, outer_state, phase) in enumerate(
-                zip(parts, outers, outer_states, phases)
+            fragment.Fragment(part, states, outer, outer_state, phase)
+            for part, outer, outer_state, phase in zip(
+                parts, outers, outer_states, phases
             )
         ]
-        skipped = self._add_own(None, "skipped_local_steps")
-        first_skipped = self._add_own(None, "first_skipped_local_step")
+        # The local steps this worker skipped alone since the last commit,
+        # and the first one's optimizer step (the first worker's, read
+        # outside a replica).
+        skipped = self._add_replica_variable(
+            "skipped_local_steps", (), "float32"
+        )
+        first_skipped = self._add_replica_variable(
+            "first_skipped_local_step",
+            (),
+            "int64",
+            aggregation="only_first_replica",
+            initializer=keras.initializers.Constant(-1),
+        )
         return AGNState(
             local_step, rounds, states, fragments, skipped, first_skipped
         )
@@ -119,27 +142,26 @@ class StateBuilder:
         return center
 
     def _add_own(self, variable, what):
-        """A variable each replica keeps its own of, with no communication
-        (gradients summed, a commit in flight, skipped local steps): read
-        outside a replica (saving, `grad_variable(v).numpy()`) it is the
-        sum over replicas (the first's, for the first skipped step).
-        Restoring it gives every replica an equal share, which reduces to
-        the same. For `variable`, shaped and placed as it is; else a
-        scalar."""
+        """A variable each replica keeps its own of, shaped and placed as
+        `variable`, with no communication (gradients summed, a commit in
+        flight): read outside a replica (saving, `grad_variable(v).numpy()`)
+        it is the sum over replicas. Restoring it gives every replica an
+        equal share, which reduces to the same."""
         strategy = internals.distribution_strategy(self.optimizer)
-        place = contextlib.nullcontext()
-        shape, dtype, aggregation = (), "float32", "sum"
-        name, initializer = what, "zeros"
-        if variable is not None:
-            place = strategy.extended.colocate_vars_with(
-                gradients.tf_variable(variable)
+        with strategy.extended.colocate_vars_with(
+            gradients.tf_variable(variable)
+        ):
+            return self._add_replica_variable(
+                _slot_name(variable, what), variable.shape, variable.dtype
             )
-            shape, dtype = variable.shape, variable.dtype
-            name = _slot_name(variable, what)
-        elif what.startswith("first"):
-            dtype, aggregation = "int64", "only_first_replica"
-            initializer = keras.initializers.Constant(-1)
-        with place, keras.name_scope(self.name):
+
+    def _add_replica_variable(
+        self, name, shape, dtype, aggregation="sum", initializer="zeros"
+    ):
+        """An on-read variable of each replica's own (see `_add_own`);
+        read outside a replica, its replicas' values reduced by
+        `aggregation`."""
+        with keras.name_scope(self.name):
             own = keras.Variable(
                 initializer=initializer,
                 shape=shape,
