@@ -1,24 +1,19 @@
 """keras_clones: TensorFlow 1's multi-device training machinery for Keras 3.
 
-`python -m keras_clones.launch` imports this package first, while
-`sys.argv[0]` is still `"-m"` (Python's way of saying that it is locating
-the module to run); the launcher needs neither Keras nor TensorFlow, so the
-package imports them only otherwise, and starts at once for the launcher.
+It imports under any Keras backend; what it offers needs the TensorFlow
+backend for now, and says so where it is used (`keras_clones.CloneModel`,
+`keras_clones.AGNOptimizer`, ...), not at import.
+
+`python -m keras_clones.launch` and `python -m keras_clones.cost_model`
+import this package first, while `sys.argv[0]` is still `"-m"` (Python's
+way of saying that it is locating the module to run); they need neither
+Keras nor TensorFlow, so the package imports them only otherwise, and both
+start at once, under any backend.
 """
 
-import os
 import sys
 
-
-def _require_tensorflow_backend(backend):
-    if backend != "tensorflow":
-        raise ImportError(
-            "keras_clones needs the TensorFlow backend of Keras, but Keras is "
-            f"set to the {backend!r} backend. Set the environment variable "
-            "KERAS_BACKEND=tensorflow before importing keras (or set "
-            '"backend": "tensorflow" in ~/.keras/keras.json).'
-        )
-
+from keras_clones.computed_step import ComputedStep
 
 __version__ = "0.1.0"
 __all__ = [
@@ -30,17 +25,33 @@ __all__ = [
     "step_hooks",
 ]
 
-# Checked before importing keras: another backend may fail to import at all.
-_require_tensorflow_backend(os.environ.get("KERAS_BACKEND", "tensorflow"))
+
+def _needs_tensorflow(name, backend):
+    return ImportError(
+        f"`keras_clones.{name}` needs the TensorFlow backend of Keras, but "
+        f"Keras is set to the {backend!r} backend. Set the environment "
+        "variable KERAS_BACKEND=tensorflow before importing keras (or set "
+        '"backend": "tensorflow" in ~/.keras/keras.json). Under other '
+        "backends, only `python -m keras_clones.launch` and "
+        "`keras_clones.cost_model` run."
+    )
+
 
 if sys.argv[:1] != ["-m"]:
     import keras
 
-    _require_tensorflow_backend(keras.backend.backend())
+    _BACKEND = keras.backend.backend()
+    if _BACKEND == "tensorflow":
+        from keras_clones import callbacks
+        from keras_clones import step_hooks
+        from keras_clones.agn import AGNOptimizer
+        from keras_clones.clone_model import CloneModel
+        from keras_clones.deployment import DeploymentConfig
+    else:
 
-    from keras_clones import callbacks
-    from keras_clones import step_hooks
-    from keras_clones.agn import AGNOptimizer
-    from keras_clones.clone_model import CloneModel
-    from keras_clones.computed_step import ComputedStep
-    from keras_clones.deployment import DeploymentConfig
+        def __getattr__(name):
+            if name in __all__:  # All but `ComputedStep`, a record.
+                raise _needs_tensorflow(name, _BACKEND)
+            raise AttributeError(
+                f"module 'keras_clones' has no attribute {name!r}"
+            )

@@ -219,12 +219,48 @@ def test_construction_does_not_start_the_tensorflow_runtime():
     assert result.stdout.strip().endswith("2")
 
 
-def test_import_with_another_backend_says_how_to_switch():
-    code = "import keras_clones"
+def numpy_backend_run(code):
+    """`code` run in a Python under Keras's NumPy backend (no TensorFlow
+    imported by Keras)."""
     env = {"KERAS_BACKEND": "numpy", "PATH": ""}
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env
     )
+
+
+def test_import_works_under_another_backend_and_says_how_to_switch_at_use():
+    result = numpy_backend_run(
+        "import sys, keras_clones\n"
+        "print(keras_clones.ComputedStep.__name__)\n"
+        "print('tensorflow' in sys.modules)\n"
+        "keras_clones.CloneModel\n"
+    )
     assert result.returncode != 0
-    assert "needs the TensorFlow backend" in result.stderr
-    assert "KERAS_BACKEND=tensorflow" in result.stderr
+    assert result.stdout.split() == ["ComputedStep", "False"]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "ImportError: `keras_clones.CloneModel` needs the TensorFlow backend "
+        "of Keras, but Keras is set to the 'numpy' backend."
+    )
+    assert "KERAS_BACKEND=tensorflow" in last
+
+
+def test_an_unknown_name_under_another_backend_is_an_attribute_error():
+    result = numpy_backend_run(
+        "import keras_clones\nprint(hasattr(keras_clones, 'nothing'))"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False"]
+
+
+@pytest.mark.parametrize("module", ["launch", "cost_model"])
+def test_the_launcher_and_the_cost_model_start_under_any_backend(module):
+    env = {"KERAS_BACKEND": "jax", "PATH": ""}
+    result = subprocess.run(
+        [sys.executable, "-m", f"keras_clones.{module}", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m keras_clones.")
