@@ -14,7 +14,7 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,examples]"
+	$(BIN)/python -m pip install --quiet -e ".[tensorflow,test,examples]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -91,7 +91,7 @@ bench-ps: $(BENCH_STAMP)
 CONFORMANCE_STAMP := $(VENV)/.installed-conformance
 
 $(CONFORMANCE_STAMP): pyproject.toml $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[test,conformance]"
+	$(BIN)/python -m pip install --quiet -e ".[tensorflow,test,conformance]"
 	touch $(CONFORMANCE_STAMP)
 
 conformance: $(CONFORMANCE_STAMP)

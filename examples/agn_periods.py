@@ -96,7 +96,7 @@ def pyplot():
     except ImportError:
         raise SystemExit(
             "This example plots with matplotlib, which is not installed: "
-            "pip install 'keras_clones[examples]'"
+            "pip install 'keras_clones[tensorflow,examples]'"
         ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
