@@ -141,19 +141,10 @@ def parse_args():
 def contender(optimizer):
     """A traced, warmed-up call of `optimizer.apply` on a fresh MLP's
     variables: (the call, its `tf.function`, the optimizer)."""
-    import keras
     import tensorflow as tf
+    from harness import mlp_variables
 
-    keras.utils.set_random_seed(SEED)
-    inputs, hidden, outputs = MLP_SHAPE
-    model = keras.Sequential(
-        [
-            keras.Input((inputs,)),
-            keras.layers.Dense(hidden, activation="relu"),
-            keras.layers.Dense(outputs, activation="softmax"),
-        ]
-    )
-    variables = model.trainable_variables
+    variables = mlp_variables(MLP_SHAPE, SEED)
     optimizer.build(variables)
     grads = [tf.constant(GRADIENT, v.dtype, v.shape) for v in variables]
 

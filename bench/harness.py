@@ -1,4 +1,5 @@
-"""Epoch timing of the benchmarks that train in this process."""
+"""Epoch timing of the benchmarks that train in this process, and the
+variables of a small MLP for those that time an optimizer alone."""
 
 import time
 
@@ -57,3 +58,18 @@ def timed_epoch(model, dataset, steps):
     """Trains one epoch of `steps` steps; returns its seconds and loss."""
     timer = fit_epoch(model, dataset, steps)
     return timer.seconds, timer.loss
+
+
+def mlp_variables(shape, seed):
+    """The trainable variables of a Dense-relu-Dense-softmax MLP of
+    `shape` (inputs, hidden units, outputs), built with `seed`."""
+    keras.utils.set_random_seed(seed)
+    inputs, hidden, outputs = shape
+    model = keras.Sequential(
+        [
+            keras.Input((inputs,)),
+            keras.layers.Dense(hidden, activation="relu"),
+            keras.layers.Dense(outputs, activation="softmax"),
+        ]
+    )
+    return model.trainable_variables

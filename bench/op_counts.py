@@ -54,6 +54,7 @@ from clones import DEVICES  # noqa: E402
 from clones import NUM_CLASSES  # noqa: E402
 from clones import cnn_batch_norm  # noqa: E402
 from clones import split_cpu  # noqa: E402
+from harness import mlp_variables  # noqa: E402
 
 import keras_clones  # noqa: E402
 
@@ -85,16 +86,7 @@ def agn_adam():
 def agn_apply_graph():
     """(a): the graph of `AGNOptimizer(Adam, 10).apply` on an MLP's
     variables, the gradients its arguments."""
-    keras.utils.set_random_seed(SEED)
-    inputs, hidden, outputs = MLP_SHAPE
-    model = keras.Sequential(
-        [
-            keras.Input((inputs,)),
-            keras.layers.Dense(hidden, activation="relu"),
-            keras.layers.Dense(outputs, activation="softmax"),
-        ]
-    )
-    variables = model.trainable_variables
+    variables = mlp_variables(MLP_SHAPE, SEED)
     optimizer = agn_adam()
     optimizer.build(variables)
 

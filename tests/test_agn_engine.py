@@ -121,3 +121,27 @@ def test_a_step_on_variables_it_was_not_built_on_is_refused_naming_them():
     optimizer.build([built_on])
     with pytest.raises(KeyError, match="'b': it was built on other variables"):
         optimizer.apply([tf.ones(2)], [other])
+
+
+def test_start_from_model_copies_the_model_at_a_period_end_only_if_asked():
+    variable = keras.Variable(np.ones(2, "float32"))
+    optimizer = AGNOptimizer(keras.optimizers.SGD(0.5), 2)
+    step = tf.function(lambda g: optimizer.apply([g], [variable]))
+    step(tf.ones(2))
+    step(tf.ones(2))  # The period's end: local weights are the centers.
+    # By hand: the mean gradient 1, by the outer SGD(0.5), from 1.
+    center = optimizer.global_center_variable(variable)
+    np.testing.assert_array_equal(center.numpy(), [0.5, 0.5])
+    variable.assign([3.0, 4.0])  # Set by hand between two fits.
+    assert optimizer.start_from_model([variable]) == []
+    np.testing.assert_array_equal(center.numpy(), [0.5, 0.5])
+    ((copied, its_center),) = optimizer.start_from_model(
+        [variable], period_ends=True
+    )
+    assert copied is variable and its_center is center
+    np.testing.assert_array_equal(center.numpy(), [3.0, 4.0])
+    np.testing.assert_array_equal(
+        optimizer.grad_variable(variable).numpy(), [0.0, 0.0]
+    )
+    with pytest.raises(TypeError, match="Received: period_ends='yes'"):
+        optimizer.start_from_model([variable], period_ends="yes")

@@ -456,6 +456,12 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         Returns:
             The `(variable, center)` pairs copied.
         """
+        if not isinstance(period_ends, bool):
+            raise TypeError(
+                "`period_ends` must be True or False: whether the model's "
+                "weights are also taken at a period's end. Received: "
+                f"period_ends={period_ends!r}."
+            )
         self.build(var_list)
         copied = self._engine.start_from_model(var_list, period_ends)
         return [(s.variable, s.center) for s in copied]
