@@ -453,24 +453,28 @@ def test_help_documents_the_summary(capsys):
 HEAVY_MODULES = ("tensorflow", "keras")
 
 
-def test_python_dash_m_launch_imports_no_tensorflow_or_keras():
+def launcher_help_imports(*launcher):
+    """The modules `python -X importtime <launcher> --help` imports, after
+    checking that it printed the launcher's usage."""
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "keras_clones.launch"]
-        + ["--help"],
+        [sys.executable, "-X", "importtime", *launcher, "--help"],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=60,
     )
-
     assert result.returncode == 0, result.stderr[-2000:]
     assert "usage: python -m keras_clones.launch" in result.stdout
     # `import time: self [us] | cumulative | name`, one line per module.
-    imported = [
+    return [
         line.split("|")[-1].strip()
         for line in result.stderr.splitlines()
         if line.startswith("import time:")
     ]
+
+
+def test_python_dash_m_launch_imports_no_tensorflow_or_keras():
+    imported = launcher_help_imports("-m", "keras_clones.launch")
     assert "keras_clones" in imported  # The package, before __main__.
     heavy = [m for m in imported if m.split(".")[0] in HEAVY_MODULES]
     assert heavy == []
@@ -479,22 +483,7 @@ def test_python_dash_m_launch_imports_no_tensorflow_or_keras():
 def test_launch_py_run_as_a_file_imports_ports_beside_it_not_the_package():
     # As bench/launching.py runs it: the package's __init__ would import
     # TensorFlow.
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "keras_clones/launch.py"]
-        + ["--help"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "usage: python -m keras_clones.launch" in result.stdout
-    imported = [
-        line.split("|")[-1].strip()
-        for line in result.stderr.splitlines()
-        if line.startswith("import time:")
-    ]
+    imported = launcher_help_imports("keras_clones/launch.py")
     assert "ports" in imported
     assert [m for m in imported if m.startswith("keras_clones")] == []
     heavy = [m for m in imported if m.split(".")[0] in HEAVY_MODULES]
