@@ -14,9 +14,11 @@ and the test checks that Keras still defines and calls each of them.
 """
 
 import contextlib
+import json
 import threading
 
 import keras
+import tensorflow as tf
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 from keras.src.models.functional import Functional
@@ -29,6 +31,7 @@ __all__ = [
     "Functional",
     "OVERRIDDEN_PRIVATE_METHODS",
     "assert_compiled",
+    "backup_metadata",
     "TensorFlowTrainer",
     "built_variables",
     "call_has_training_arg",
@@ -53,10 +56,17 @@ __all__ = [
     "without_gradient_all_reduce",
 ]
 
-# `{keras_clones class: (Keras private method it overrides, ...)}`; the
-# Keras class that defines and calls each is `TensorFlowTrainer`.
+# `{"module:class" of keras_clones: (the Keras class that defines and calls
+# them, (the Keras private methods it overrides, ...))}`.
 OVERRIDDEN_PRIVATE_METHODS = {
-    "CloneModel": ("_maybe_symbolic_build", "_resolve_auto_jit_compile"),
+    "keras_clones:CloneModel": (
+        TensorFlowTrainer,
+        ("_maybe_symbolic_build", "_resolve_auto_jit_compile"),
+    ),
+    "keras_clones.multi_worker.backup:WorkerBackup": (
+        keras.callbacks.BackupAndRestore,
+        ("_save_model", "_load_model"),
+    ),
 }
 
 
@@ -105,6 +115,16 @@ def called_by_fit(callbacks):
     """Whether an `evaluate` given `callbacks` is `fit`'s validation:
     Keras's `fit` hands its own `CallbackList` to it."""
     return isinstance(callbacks, keras.callbacks.CallbackList)
+
+
+def backup_metadata(callback):
+    """What a `BackupAndRestore` wrote beside its weights (`epoch`, `batch`),
+    or None where it has no backup."""
+    path = callback._training_metadata_path
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as f:
+        return json.loads(f.read())
 
 
 def initial_epoch(model):

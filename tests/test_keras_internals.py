@@ -6,6 +6,7 @@ a plain Keras model or optimizer, and one for the private methods
 by name, before anything else does.
 """
 
+import importlib
 import inspect
 
 import keras
@@ -14,7 +15,6 @@ import pytest
 import tensorflow as tf
 from helpers import InterruptAtEpoch
 
-import keras_clones
 from keras_clones import _keras_internals as internals
 
 
@@ -38,18 +38,22 @@ def test_every_function_is_exercised_here():
 
 
 def test_overridden_private_methods_are_still_keras_methods_it_calls():
-    # Defined by the TensorFlow trainer or its base `Trainer`, with our
-    # signature, and called there.
-    trainer = internals.TensorFlowTrainer
-    source = "".join(
-        inspect.getsource(cls)
-        for cls in trainer.__mro__
-        if cls.__module__.startswith("keras.")
-    )
-    for cls_name, methods in internals.OVERRIDDEN_PRIVATE_METHODS.items():
-        cls = getattr(keras_clones, cls_name)
+    # Defined by the Keras class or its Keras bases, with our signature,
+    # and called there.
+    for where, (
+        keras_class,
+        methods,
+    ) in internals.OVERRIDDEN_PRIVATE_METHODS.items():
+        module, name = where.split(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, keras_class)
+        source = "".join(
+            inspect.getsource(c)
+            for c in keras_class.__mro__
+            if c.__module__.startswith("keras.")
+        )
         for method in methods:
-            keras_method = getattr(trainer, method)
+            keras_method = getattr(keras_class, method)
             ours = getattr(cls, method)
             assert ours is not keras_method
             assert inspect.signature(ours) == inspect.signature(keras_method)
@@ -209,10 +213,12 @@ def test_initial_epoch_is_where_backup_and_restore_resumes(tmp_path):
     model = compiled_model()
     assert not internals.initial_epoch(model)
     backup = keras.callbacks.BackupAndRestore(str(tmp_path))
+    assert internals.backup_metadata(backup) is None
     with pytest.raises(RuntimeError, match="interrupted"):
         model.fit(
             x, y, epochs=3, verbose=0, callbacks=[backup, InterruptAtEpoch(1)]
         )
+    assert internals.backup_metadata(backup) == {"epoch": 1, "batch": 0}
     resumed = compiled_model()
     history = resumed.fit(x, y, epochs=3, verbose=0, callbacks=[backup])
     assert internals.initial_epoch(resumed) == 1

@@ -29,6 +29,8 @@ LAUNCHED = (
     "array_worker",
     "lso_worker",
     "inf_nan_worker",
+    "resume_worker",
+    "resize_worker",
     "mismatch_worker",
 )
 ALONGSIDE = ("clone_model_worker", "lso_worker", "inf_nan_worker")
@@ -337,6 +339,101 @@ def test_restarted_workers_resume_from_the_backup_exactly(restarted):
     for name in reference.files:
         np.testing.assert_allclose(workers[0][name], reference[name], atol=1e-5)
         np.testing.assert_array_equal(workers[0][name], workers[1][name])
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        f"{inner}{overlap}"
+        for overlap in ("", "_overlap")
+        for inner in ("sgd", "momentum", "adam", "adamw", "schedule_free")
+    ],
+)
+def test_a_resumed_agn_run_is_the_uninterrupted_run_on_every_worker(
+    launched, run
+):
+    # DiLoCo, backed up after step 12 (mid-period; with overlap, with a
+    # commit in flight), resumed by a new model: every worker's local
+    # weights and the centers equal the uninterrupted run's. The workers'
+    # local weights differ, so a worker resumed from the chief's would not.
+    out, output = launched
+    workers = [np.load(out / f"resume_worker_{i}.npz") for i in range(2)]
+    for worker in workers:
+        assert worker[f"{run}_resumed_epochs"] == 2
+        for name in worker.files:
+            if name.startswith(f"{run}_uninterrupted_"):
+                resumed = name.replace("_uninterrupted_", "_resumed_")
+                np.testing.assert_allclose(
+                    worker[resumed], worker[name], rtol=0, atol=1e-6
+                )
+    local = f"{run}_resumed_weight_0"
+    assert np.abs(workers[0][local] - workers[1][local]).max() > 1e-3
+    assert (
+        f"[worker 0] keras_clones: resumed from the backup in "
+        f"'{out / 'resumed' / run}' at epoch 4 (optimizer step 12), made "
+        "on 2 workers, resumed on 2: workers 0-1 keep their own state."
+    ) in output
+
+
+@pytest.fixture(scope="module")
+def resized(launched):
+    """The backups of `resize_worker` on 2 workers, resumed on 1 and on 3,
+    and the hand replay: the folder and the launchers' output."""
+    out, _ = launched
+    output = ""
+    for workers in ("1", "3"):
+        output += run(
+            "-m",
+            "keras_clones.launch",
+            "--workers",
+            workers,
+            "--grace-period",
+            "60",
+            SCENARIOS,
+            out,
+            "resize_worker",
+        )
+    run(SCENARIOS, out, "--reference", "resize_worker")
+    return out, output
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize(
+    "run", ["sync", "gradients", "diloco", "diloco_overlap"]
+)
+def test_a_backup_of_2_workers_resumes_on_1_and_on_3_as_by_hand(
+    resized, workers, run
+):
+    # Global batch 48, backed up after step 6 (mid-period at period 4;
+    # with overlap, a commit in flight), resumed to step 12. The hand
+    # replay (float64) follows keras_clones.agn.worker_state's rule; the
+    # workers compute in float32: 2.1e-6 apart at most, seen.
+    out, output = resized
+    reference = np.load(out / "resize_reference.npz")
+    for w in range(workers):
+        worker = np.load(out / f"resize_{workers}_{w}.npz")
+        assert worker[f"{run}_epochs"] == 3
+        for i in range(4):
+            want = reference[f"{workers}_{run}_worker_{w}_weight_{i}"]
+            got = worker[f"{run}_weight_{i}"]
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+            if run != "sync":
+                want = reference[f"{workers}_{run}_center_{i}"]
+                got = worker[f"{run}_center_{i}"]
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    said = {
+        "sync": ".",
+        1: ": worker 0 keeps its own state; what worker 1 did since its "
+        "period began is not committed.",
+        3: ": workers 0-1 keep their own state; worker 2 starts its period "
+        "from the centers.",
+    }
+    assert (
+        f"[worker 0] keras_clones: resumed from the backup in "
+        f"'{out / 'resize_backups' / run / str(workers)}' at epoch 4 "
+        f"(optimizer step 6), made on 2 workers, resumed on {workers}"
+        f"{said['sync' if run == 'sync' else workers]}"
+    ) in output
 
 
 def test_only_the_chief_writes_files(restarted):

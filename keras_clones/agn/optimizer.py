@@ -12,6 +12,7 @@ from keras_clones import _keras_internals as internals
 from keras_clones import gradients
 from keras_clones.agn import arguments
 from keras_clones.agn import engine
+from keras_clones.agn import worker_state
 from keras_clones.agn.rule import CommitRule
 from keras_clones.agn.schedule import Schedule
 from keras_clones.agn.state import StateBuilder
@@ -359,11 +360,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
 
     def _state_for(self, variable, what):
         """The `VariableState` of model variable `variable`."""
-        if not self.built:
-            raise ValueError(
-                f"The AGNOptimizer has no {what} yet: it is built on the "
-                "first training step or by `optimizer.build(variables)`."
-            )
+        self._check_built(what)
         state = self._state.of(variable)
         built_on = internals.built_variables(self)
         if state is None and not any(v is variable for v in built_on):
@@ -465,6 +462,56 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self.build(var_list)
         copied = self._engine.start_from_model(var_list, period_ends)
         return [(s.variable, s.center) for s in copied]
+
+    def worker_state(self):
+        """What this worker holds of its own across workers, for a backup:
+        its local weights, period starts, gradient accumulators, share of
+        the commit in flight, skip counters and inner optimizer's
+        variables (the centers and the rest are the same on every worker).
+
+        Returns:
+            `(kinds, arrays)`: what each array is, and the arrays, each of
+            this worker's replicas stacked.
+        """
+        own = self._own_entries()
+        return [e.kind for e in own], worker_state.read(own)
+
+    def restore_worker_state(self, kinds, arrays, replicas_before):
+        """Takes back what `worker_state` returned, after the model's
+        weights (holding the centers) were loaded; on another number of
+        replicas, see `keras_clones.agn.worker_state`.
+
+        Args:
+            kinds: The kinds `worker_state` returned, or None.
+            arrays: Its arrays, or None: a worker that was not there when
+                the backup was made starts its period from the centers.
+            replicas_before: The replicas the backup was made on.
+        """
+        own = self._own_entries()
+        if arrays is not None:
+            worker_state.check_fits(own, kinds, arrays)
+        replicas_now = internals.distribution_strategy(
+            self
+        ).num_replicas_in_sync
+        phases = [
+            int(f.phase.numpy())
+            for f in self._state.fragments
+            if f.phase is not None
+        ]
+        worker_state.restore(
+            own, arrays, replicas_before, replicas_now, phases, self.commit
+        )
+
+    def _own_entries(self):
+        self._check_built("worker state")
+        return worker_state.entries(self._state, self.inner_optimizer)
+
+    def _check_built(self, what):
+        if not self.built:
+            raise ValueError(
+                f"The AGNOptimizer has no {what} yet: it is built on the "
+                "first training step or by `optimizer.build(variables)`."
+            )
 
     # The step.
 

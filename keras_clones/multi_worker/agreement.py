@@ -1,10 +1,12 @@
-"""Agreement between workers: the same model, compilation and seed."""
+"""Agreement between workers: the same model, compilation and seed, and
+batches they split alike."""
 
 import json
 import random
 import zlib
 
 import tensorflow as tf
+from tensorflow.python.data.experimental.ops import distribute as data_ops
 
 from keras_clones.multi_worker import topology
 
@@ -134,3 +136,32 @@ def _all_gather(strategy, values):
         return context.all_gather(tf.identity(values), axis=0)
 
     return strategy.run(gather_one)
+
+
+def check_global_batch(strategy, x, batch_size):
+    """Raises a `ValueError` where the global batch, where known, does not
+    divide by the workers: each trains on an equal part of every batch.
+
+    Args:
+        x: `fit`'s (`evaluate`'s, `predict`'s) `x`: a `tf.data.Dataset`
+            whose batch size tf.data can tell, or arrays batched by
+            `batch_size` (32 if None); anything else is not checked.
+    """
+    workers = strategy.num_replicas_in_sync
+    if isinstance(x, tf.data.Dataset):
+        size = int(data_ops.compute_batch_size(x))  # -1: not known.
+        given = "the dataset's batches hold"
+    elif hasattr(x, "shape") or isinstance(x, (list, tuple, dict)):
+        size = 32 if batch_size is None else batch_size
+        given = "`batch_size` is"
+    else:
+        return
+    if size > 0 and size % workers:
+        lower = size - size % workers
+        raise ValueError(
+            f"The global batch does not divide by the {workers} workers: "
+            f"{given} {size} examples. Each worker trains on an equal part "
+            f"of every batch, so make it a multiple of {workers} (e.g. "
+            f"{lower or workers} or {lower + workers}), or run on a number "
+            f"of workers that divides {size}."
+        )

@@ -42,27 +42,22 @@ def write_path(strategy, filepath):
         yield os.path.join(scratch, os.path.basename(os.fspath(filepath)))
 
 
+def copy_of_backup(backup_dir, directory):
+    """`directory`, holding a copy of the files of the chief's backup in
+    `backup_dir` (Keras's weights and metadata), for a worker to restore
+    from and write to where nobody reads."""
+    tf.io.gfile.makedirs(directory)
+    if tf.io.gfile.isdir(backup_dir):
+        for name in tf.io.gfile.listdir(backup_dir):
+            path = os.path.join(backup_dir, name)
+            if not tf.io.gfile.isdir(path):
+                tf.io.gfile.copy(path, os.path.join(directory, name))
+    return directory
+
+
 def redirected(callback, directory):
-    """A copy of `callback` that writes under `directory`, or itself."""
-    if isinstance(callback, keras.callbacks.BackupAndRestore):
-        # Restore what the chief backed up; write this worker's backups
-        # where nobody reads them.
-        tf.io.gfile.makedirs(directory)
-        if tf.io.gfile.isdir(callback.backup_dir):
-            for name in tf.io.gfile.listdir(callback.backup_dir):
-                tf.io.gfile.copy(
-                    os.path.join(callback.backup_dir, name),
-                    os.path.join(directory, name),
-                )
-        redirected = copy.copy(callback)
-        keras.callbacks.BackupAndRestore.__init__(
-            redirected,
-            directory,
-            save_freq=callback.save_freq,
-            double_checkpoint=callback.double_checkpoint,
-            delete_checkpoint=callback.delete_checkpoint,
-        )
-        return redirected
+    """A copy of `callback` that writes under `directory`, or itself (a
+    `BackupAndRestore` is `backup.WorkerBackup`'s)."""
     if isinstance(callback, keras.callbacks.CSVLogger):
         tf.io.gfile.makedirs(directory)
         redirected = copy.copy(callback)

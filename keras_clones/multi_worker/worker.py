@@ -3,10 +3,12 @@
 import inspect
 import os
 
+import keras
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
 from keras_clones.multi_worker import agreement
+from keras_clones.multi_worker import backup
 from keras_clones.multi_worker import files
 from keras_clones.multi_worker import topology
 
@@ -29,13 +31,18 @@ def run_as_worker(model, method, args, kwargs):
     worker is an error that says what happened and what to do.
     """
     strategy = model.distribute_strategy
-    if not topology.across_workers(strategy):
-        agreement.check_in_strategy_scope(model)
-        return method(*args, **kwargs)
     bound = inspect.signature(method).bind(*args, **kwargs)
     bound.apply_defaults()
     arguments = bound.arguments
     callbacks = arguments.get("callbacks")
+    if not topology.across_workers(strategy):
+        agreement.check_in_strategy_scope(model)
+        if topology.one_replica_per_worker(strategy) and isinstance(
+            callbacks, (list, tuple)
+        ):
+            # One worker: it may resume a backup made on several.
+            arguments["callbacks"] = _chiefs(strategy, callbacks)
+        return method(*bound.args, **bound.kwargs)
     inside_fit = internals.called_by_fit(callbacks)
     try:
         if not inside_fit:
@@ -44,25 +51,55 @@ def run_as_worker(model, method, args, kwargs):
                 "the model, its compilation and its deployment",
                 agreement.describe(model),
             )
+            agreement.check_global_batch(
+                strategy, arguments.get("x"), arguments.get("batch_size")
+            )
         if arguments.get("shuffle") and not isinstance(
             arguments.get("x"), tf.data.Dataset
         ):
             # Keras shuffles arrays with TensorFlow's global generator.
             tf.random.set_seed(agreement.chief_seed(strategy))
         if not topology.other_worker(strategy):
+            if isinstance(callbacks, (list, tuple)):
+                arguments["callbacks"] = _chiefs(strategy, callbacks)
             return method(*bound.args, **bound.kwargs)
         if arguments.get("verbose") == "auto":
             arguments["verbose"] = 0
         if not isinstance(callbacks, (list, tuple)):
             return method(*bound.args, **bound.kwargs)
         with files.scratch_directory(strategy) as scratch:
-            arguments["callbacks"] = [
-                files.redirected(c, os.path.join(scratch, str(i)))
-                for i, c in enumerate(callbacks)
-            ]
+            arguments["callbacks"] = _other_workers(
+                strategy, callbacks, scratch
+            )
             return method(*bound.args, **bound.kwargs)
     except _LOST_WORKER_ERRORS as e:
         raise type(e)(e.node_def, e.op, _lost_worker_message(e)) from e
+
+
+def _chiefs(strategy, callbacks):
+    """The chief's callbacks: a `BackupAndRestore` saves each worker's own
+    state beside its backup (`backup.WorkerBackup`)."""
+    return [
+        backup.WorkerBackup(c, strategy, c.backup_dir)
+        if isinstance(c, keras.callbacks.BackupAndRestore)
+        else c
+        for c in callbacks
+    ]
+
+
+def _other_workers(strategy, callbacks, scratch):
+    """Another worker's callbacks: those that write files write under
+    `scratch`, a `BackupAndRestore` restores the chief's backup from a copy
+    there, and saves its own state beside the chief's."""
+    mine = []
+    for i, callback in enumerate(callbacks):
+        directory = os.path.join(scratch, str(i))
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            copy = files.copy_of_backup(callback.backup_dir, directory)
+            mine.append(backup.WorkerBackup(callback, strategy, copy))
+        else:
+            mine.append(files.redirected(callback, directory))
+    return mine
 
 
 def _lost_worker_message(error):

@@ -18,6 +18,7 @@ end of training applies the commits in flight. Plain AGN is one
 fragment without overlap.
 """
 
+import copy
 import dataclasses
 
 import ml_dtypes
@@ -105,6 +106,7 @@ def agn(
     mixing=0.5,
     skipped=(),
     reads=None,
+    resize=None,
 ):
     """AGN for `steps` steps from the flat weights `start`.
 
@@ -119,6 +121,12 @@ def agn(
         reads: under parameter servers (one worker, one fragment, no
             overlap), how many commits the centers had taken when each
             period began.
+        resize: `(step, workers)`: from step `step` (from 0) on `workers`
+            workers, as a resume on another number of workers defines it:
+            the first workers keep their state; a new one starts from the
+            centers, with the first worker's inner optimizer; what a
+            worker that left did since its last commit is dropped; the
+            commit in flight is kept.
 
     Returns:
         A `Trajectory`.
@@ -146,6 +154,15 @@ def agn(
             w[part] = mixing * w[part] + (1 - mixing) * center[part]
 
     for step in range(steps):
+        if resize is not None and step == resize[0]:
+            workers, kept = resize[1], min(resize[1], workers)
+            new = range(workers - kept)
+            inners = inners[:kept] + [copy.deepcopy(inners[0]) for _ in new]
+            local = local[:kept] + [center.copy() for _ in new]
+            begun = begun[:kept] + [center.copy() for _ in new]
+            accumulated = accumulated[:kept] + [
+                np.zeros_like(start) for _ in new
+            ]
         for w in range(workers):
             if (w, step) in skipped:
                 continue

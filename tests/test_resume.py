@@ -1,0 +1,197 @@
+"""A backup across workers, in one process: each worker's own state beside
+the chief's backup (`multi_worker.backup.WorkerBackup`, under a stand-in
+for the strategy's topology), its stamps and refusals, and the workers'
+global batch. The runs across processes are in tests/test_multi_worker.py.
+"""
+
+import os
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import InterruptAtEpoch
+from helpers import data
+from helpers import mlp
+
+import keras_clones
+from keras_clones.multi_worker import agreement
+from keras_clones.multi_worker.backup import STATE_DIRECTORY
+from keras_clones.multi_worker.backup import WorkerBackup
+
+
+def topology(worker=0, workers=1):
+    """What `WorkerBackup` reads of a `MultiWorkerMirroredStrategy`."""
+    return types.SimpleNamespace(
+        cluster_resolver=types.SimpleNamespace(task_id=worker),
+        num_replicas_in_sync=workers,
+        extended=types.SimpleNamespace(should_checkpoint=worker == 0),
+    )
+
+
+def agn_model(**options):
+    model = mlp(extra_losses=False)
+    options.setdefault("communication_period", 4)
+    optimizer = keras_clones.AGNOptimizer(
+        keras.optimizers.AdamW(0.01), **options
+    )
+    model.compile(optimizer, "sparse_categorical_crossentropy")
+    return model
+
+
+def backup(directory, **stand_in):
+    callback = keras.callbacks.BackupAndRestore(str(directory))
+    return WorkerBackup(callback, topology(**stand_in), str(directory))
+
+
+def fit(model, *callbacks, epochs=5):
+    x, y = data(48)
+    return model.fit(
+        x, y, batch_size=16, epochs=epochs, verbose=0, callbacks=list(callbacks)
+    )
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one_mid_period(tmp_path):
+    # Period 4, epochs of 3 steps: the backup after epoch 2 is mid-period,
+    # with Adam's slots and accumulators that are this worker's own.
+    uninterrupted = agn_model()
+    fit(uninterrupted)
+    crashed = agn_model()
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(crashed, backup(tmp_path), InterruptAtEpoch(2))
+    assert sorted(os.listdir(tmp_path / STATE_DIRECTORY)) == [
+        "step_3.worker_0_of_1.npz",
+        "step_6.worker_0_of_1.npz",
+    ]
+    resumed = agn_model()
+    history = fit(resumed, backup(tmp_path))
+    assert len(history.epoch) == 3
+    for a, b in zip(
+        uninterrupted.optimizer.variables, resumed.optimizer.variables
+    ):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    for a, b in zip(uninterrupted.weights, resumed.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert not tmp_path.exists()  # Training ended: Keras removed it.
+
+
+def test_the_resume_says_what_it_restored(tmp_path, capsys):
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(agn_model(), backup(tmp_path), InterruptAtEpoch(2))
+    fit(agn_model(), backup(tmp_path), epochs=3)
+    assert (
+        f"keras_clones: resumed from the backup in {str(tmp_path)!r} at "
+        "epoch 3 (optimizer step 6), made on 1 workers, resumed on 1: "
+        "worker 0 keeps its own state."
+    ) in capsys.readouterr().out
+
+
+def test_a_backup_missing_a_workers_state_is_refused(tmp_path):
+    # Saved as worker 0 of 2: worker 1's file never came (a backup
+    # directory that is not shared, say).
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(agn_model(), backup(tmp_path, workers=2), InterruptAtEpoch(2))
+    with pytest.raises(ValueError) as error:
+        fit(agn_model(), backup(tmp_path, workers=2))
+    message = str(error.value)
+    assert "its weights are at optimizer step 6" in message
+    assert "no file of worker(s) [1] of 2 at that step" in message
+    assert "a shared file system" in message
+
+
+def test_a_backup_of_another_optimizer_is_refused(tmp_path):
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(agn_model(), backup(tmp_path), InterruptAtEpoch(2))
+    other = agn_model(commit="weight_change")  # Other variables.
+    with pytest.raises(ValueError, match="variables were not loaded from it"):
+        fit(other, backup(tmp_path))
+
+
+def test_a_backup_after_a_batch_warns_that_the_epoch_is_trained_again(
+    tmp_path,
+):
+    callback = keras.callbacks.BackupAndRestore(str(tmp_path), save_freq=2)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(
+            agn_model(),
+            WorkerBackup(callback, topology(), str(tmp_path)),
+            InterruptAtEpoch(2),
+        )
+    callback = keras.callbacks.BackupAndRestore(str(tmp_path), save_freq=2)
+    with pytest.warns(UserWarning, match="that epoch's first batches are"):
+        fit(agn_model(), WorkerBackup(callback, topology(), str(tmp_path)))
+
+
+@pytest.mark.parametrize(
+    "x, batch_size, message",
+    [
+        (np.zeros((96, 2)), 64, "`batch_size` is 64 examples"),
+        (np.zeros((96, 2)), None, "`batch_size` is 32 examples"),
+        (
+            tf.data.Dataset.from_tensor_slices(np.zeros((96, 2))).batch(64),
+            None,
+            "the dataset's batches hold 64 examples",
+        ),
+    ],
+)
+def test_a_global_batch_that_does_not_divide_by_the_workers_is_refused(
+    x, batch_size, message
+):
+    with pytest.raises(ValueError) as error:
+        agreement.check_global_batch(topology(workers=3), x, batch_size)
+    assert message in str(error.value)
+    assert "make it a multiple of 3 (e.g. 63 or 66)" in str(error.value) or (
+        "e.g. 30 or 33" in str(error.value)
+    )
+
+
+def test_a_global_batch_that_divides_or_is_unknown_passes():
+    batched = tf.data.Dataset.from_tensor_slices(np.zeros((96, 2))).batch(48)
+    for x, batch_size in (
+        (np.zeros((96, 2)), 48),
+        (batched, None),
+        (batched.map(lambda x: x * 2), None),  # tf.data cannot tell.
+    ):
+        agreement.check_global_batch(topology(workers=3), x, batch_size)
+
+
+def test_a_worker_that_was_not_there_starts_its_period_from_the_centers():
+    model = agn_model()
+    fit(model, epochs=2)  # Step 6: mid-period.
+    optimizer = model.optimizer
+    kernel = model.trainable_weights[0]
+    center = optimizer.global_center_variable(kernel)
+    assert not np.allclose(kernel.numpy(), center.numpy())
+    inner = [v.numpy() for v in optimizer.inner_optimizer.variables]
+    optimizer.restore_worker_state(None, None, replicas_before=2)
+    for variable in model.trainable_weights:
+        center = optimizer.global_center_variable(variable)
+        np.testing.assert_array_equal(variable.numpy(), center.numpy())
+        accumulator = optimizer.grad_variable(variable)
+        np.testing.assert_array_equal(accumulator.numpy(), 0)
+    for variable, before in zip(optimizer.inner_optimizer.variables, inner):
+        np.testing.assert_array_equal(variable.numpy(), before)
+
+
+def test_a_worker_that_stays_scales_its_accumulators_to_the_workers_now():
+    # Its accumulators hold its gradients divided by the 2 workers of the
+    # backup; on 1, their sum over the replicas is its own mean.
+    model = agn_model()
+    fit(model, epochs=2)
+    optimizer = model.optimizer
+    kinds, arrays = optimizer.worker_state()
+    kernel = model.trainable_weights[0]
+    before = optimizer.grad_variable(kernel).numpy()
+    optimizer.restore_worker_state(kinds, arrays, replicas_before=2)
+    np.testing.assert_allclose(
+        optimizer.grad_variable(kernel).numpy(), 2 * before, rtol=1e-7
+    )
+
+
+def test_a_workers_state_of_another_optimizer_is_refused():
+    model = agn_model()
+    fit(model, epochs=1)
+    kinds, arrays = model.optimizer.worker_state()
+    with pytest.raises(ValueError, match="does not fit its AGNOptimizer"):
+        model.optimizer.restore_worker_state(kinds[1:], arrays[1:], 1)
