@@ -143,8 +143,8 @@ def main(argv=None):
         "training\n"
         "  python examples/callbacks_tensorboard.py  AGN, callbacks and "
         "TensorBoard\n"
-        "  python -m keras_clones.launch --workers 2 train.py  "
-        "your train.py on 2 local workers"
+        "  python examples/multi_worker_resume.py    2 workers, a crash "
+        "and a resume (BackupAndRestore)"
     )
 
 

@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
 
 
@@ -37,7 +39,7 @@ def test_digits_demo_shows_clones_match_a_plain_model():
     assert float(weight_diff.group(1)) < 1e-5
     # The examples it points to exist.
     suggested = re.findall(r"python (examples/\S+\.py)", out)
-    assert len(suggested) == 2, out
+    assert len(suggested) == 3, out
     for path in suggested:
         assert (EXAMPLES.parent / path).is_file(), path
 
@@ -61,3 +63,38 @@ def test_callbacks_example_writes_summaries(tmp_path):
     (run,) = tmp_path.iterdir()
     assert list((run / "train").glob("events.out.tfevents.*"))
     assert list((run / "validation").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.cluster
+@pytest.mark.xdist_group("cluster")
+def test_the_multi_worker_example_resumes_a_killed_worker_as_the_same_run(
+    tmp_path,
+):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "multi_worker_resume.py"),
+            "--work-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    out = result.stdout
+    assert "the launch exits with code 137" in out, out
+    assert "worker 1 was killed by SIGKILL" in out, out
+    assert (
+        "at epoch 2 (optimizer step 21), made on 2 workers, resumed on 2: "
+        "workers 0-1 keep their own state." in out
+    ), out
+    rows = re.findall(
+        r"local weights ([0-9.e+-]+), centers ([0-9.e+-]+); held-out "
+        r"accuracy ([0-9.]+) \(uninterrupted ([0-9.]+)\)",
+        out,
+    )
+    assert len(rows) == 2, out
+    for local, center, resumed, uninterrupted in rows:
+        assert float(local) < 1e-6 and float(center) < 1e-6, out
+        assert float(resumed) == float(uninterrupted) > 0.9, out
