@@ -44,6 +44,31 @@ _TRACEBACK = "Traceback (most recent call last):"
 _EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*[a-z]\w*(?::|: .*)?")
 # An error line outside a traceback: `SomethingError: ...` or `...Exception: `.
 _ERROR_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): .*")
+# What Python prints between a chained exception's tracebacks.
+_CHAINED = (
+    "The above exception was the direct cause of the following exception:",
+    "During handling of the above exception, another exception occurred:",
+)
+# A log line of another thread, never part of an exception's message: absl's
+# `I0000 00:00:...` (also W, E, F and D), TensorFlow's C++ logs
+# `2024-05-01 10:00:00.123456: W tensorflow/...`, Python's `WARNING:...`.
+_LOG_LINE = re.compile(
+    r"[DIWEF]\d{4} \d"
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [DIWEF] "
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):"
+)
+# A plain keras.Model trained across workers under
+# MultiWorkerMirroredStrategy fails with this message (keras-team/keras#20585).
+_PER_REPLICA = re.compile(
+    r"(?:[A-Za-z_]\w*\.)*\w+: Attempt to convert a value \(PerReplica:"
+)
+_PER_REPLICA_HINT = (
+    "(hint: Keras 3 cannot train a plain keras.Model across workers, "
+    "keras-team/keras#20585; use a keras_clones.CloneModel: "
+    "model = keras_clones.CloneModel(inputs, outputs) instead of "
+    "keras.Model(inputs, outputs), or subclass keras_clones.CloneModel "
+    "instead of keras.Model)"
+)
 
 _EPILOG = """\
 Each worker runs `python SCRIPT ARGS` with TF_CONFIG naming a cluster of
@@ -62,10 +87,20 @@ The error line quoted is the exception line that ends the last Python
 traceback in the worker's output (the first unindented line after
 "Traceback (most recent call last):" that looks like `Name: message`;
 Python prints a chained exception's causes first and the exception that
-ended the worker last). A worker that printed no traceback is quoted by its
-first line that starts with a name ending in Error or Exception and a colon
+ended the worker last). If the message goes on over more lines (until the
+output ends or another traceback starts), the summary quotes its first
+line, " [...] " and its last non-empty line, leaving out TensorFlow's log
+lines (`I0000 ...`, `W0000 ...`, `E0000 ...`, `WARNING: ...`):
+
+    ValueError: Attempt to convert a value (PerReplica:{ [...] }) with ...
+
+A worker that printed no traceback is quoted by its first line that starts
+with a name ending in Error or Exception and a colon
 (`tensorflow.python.framework.errors_impl.UnavailableError: ...`); if it
-printed neither, the summary says so.
+printed neither, the summary says so. What is quoted is cut after 500
+characters. That PerReplica error is what a plain keras.Model gets across
+workers in Keras 3 (keras-team/keras#20585); the summary then adds how to
+make it a keras_clones.CloneModel.
 
 With --ps N, the script runs once, as the coordinator, with TF_CONFIG
 naming a cluster of one chief (itself), WORKERS workers and N parameter
@@ -114,10 +149,16 @@ def launch(
     traceback in its output: the first unindented line after
     `Traceback (most recent call last):` that looks like `Name: message`
     (or a bare `Name`). For a chained exception Python prints the causes
-    first and the exception that ended the worker last. If the worker
-    printed no traceback, it is its first line that starts with a (dotted)
-    name ending in `Error` or `Exception` followed by `: `. Lines are cut
-    after 500 characters.
+    first and the exception that ended the worker last. A message that goes
+    on over more lines (until the output ends or another traceback starts)
+    is quoted as its first line, ` [...] ` and its last non-empty line that
+    is no TensorFlow log line (`I0000 ...`, `W0000 ...`, `E0000 ...`,
+    `WARNING: ...`). If the worker printed no traceback, it is its first
+    line that starts with a (dotted) name ending in `Error` or `Exception`
+    followed by `: `. What is quoted is cut after 500 characters. For the
+    error a plain `keras.Model` trained across workers ends with in Keras 3
+    (`Attempt to convert a value (PerReplica:...`, keras-team/keras#20585),
+    the summary adds how to make it a `keras_clones.CloneModel`.
 
     Args:
         script: Path of the Python script every worker runs.
@@ -361,7 +402,11 @@ class _ErrorLine:
 
     def __init__(self):
         self._in_traceback = False
-        self._last_traceback_line = None
+        # The last traceback's exception line, and while its message may
+        # go on, the message's last non-empty line after it.
+        self._exception_line = None
+        self._in_message = False
+        self._message_end = None
         self._first_error_line = None
 
     def feed(self, line):
@@ -369,19 +414,42 @@ class _ErrorLine:
         line = line.rsplit("\r", 1)[-1].rstrip()
         if line == _TRACEBACK:
             self._in_traceback = True
+            self._in_message = False
         elif self._in_traceback:
             # The frames are indented; another thread's lines (TensorFlow
             # logs) may come in between.
             if _EXCEPTION_LINE.fullmatch(line):
-                self._last_traceback_line = line
+                self._exception_line = line
+                self._message_end = None
                 self._in_traceback = False
+                self._in_message = True
+        elif self._in_message:
+            # The message goes on until the output ends or another
+            # traceback starts; TensorFlow's logs may come in between.
+            if line in _CHAINED:
+                self._in_message = False
+            elif line and not _LOG_LINE.match(line):
+                self._message_end = line.strip()
         elif self._first_error_line is None and _ERROR_LINE.fullmatch(line):
             self._first_error_line = line
 
     @property
     def line(self):
-        """The error line, or None if the output has none."""
-        return self._last_traceback_line or self._first_error_line
+        """The error line, or None if the output has none: for a message of
+        several lines, its first line, ` [...] ` and its last line."""
+        if self._exception_line is None:
+            return self._first_error_line
+        if self._message_end is None:
+            return self._exception_line
+        return f"{self._exception_line} [...] {self._message_end}"
+
+    @property
+    def hint(self):
+        """What to do about a known error, or None."""
+        first_line = self._exception_line or self._first_error_line
+        if first_line and _PER_REPLICA.match(first_line):
+            return _PER_REPLICA_HINT
+        return None
 
 
 def _log(message, lock):
@@ -413,6 +481,9 @@ def _summarize(failed, error_lines, lock):
             detail = f": {line[:_MAX_ERROR_LINE]} [...]"
         else:
             detail = f": {line}"
+        hint = error_lines[index].hint
+        if hint:
+            detail += f" {hint}"
         _log(f"summary: worker {index}{first} {_failure(code)}{detail}", lock)
 
 

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -318,6 +319,64 @@ def test_a_failed_launch_ends_with_the_error_that_ended_the_worker(
     )
 
 
+# What a plain keras.Model trained across workers ends with in Keras 3
+# (keras-team/keras#20585), shortened: some 600 lines of tensors.
+PER_REPLICA_FIRST = "ValueError: Attempt to convert a value (PerReplica:{"
+PER_REPLICA_LAST = (
+    "}) with an unsupported type "
+    "(<class 'tensorflow.python.distribute.values.PerReplica'>) to a Tensor."
+)
+CLONE_MODEL_HINT = (
+    "(hint: Keras 3 cannot train a plain keras.Model across workers, "
+    "keras-team/keras#20585; use a keras_clones.CloneModel: "
+    "model = keras_clones.CloneModel(inputs, outputs) instead of "
+    "keras.Model(inputs, outputs), or subclass keras_clones.CloneModel "
+    "instead of keras.Model)"
+)
+
+
+def test_a_message_of_many_lines_is_summarized_by_its_first_and_last_lines(
+    tmp_path, capsys
+):
+    script = write_script(
+        tmp_path,
+        """
+        import atexit
+        if index == 0:
+            time.sleep(1000)
+        # TensorFlow's threads log on after the traceback.
+        atexit.register(
+            print,
+            "W0000 00:00:1.0 1 collective_ops.cc:1] noise\\n"
+            "E0000 00:00:1.0 1 coordination_service.cc:1] UNAVAILABLE: noise\\n"
+            "WARNING: All log messages before absl::InitializeLog()",
+            file=sys.stderr,
+        )
+        tensors = "\\n".join(
+            f"  {i}: <tf.Tensor: shape=(8,), dtype=float32>" for i in range(600)
+        )
+        raise ValueError(
+            "Attempt to convert a value (PerReplica:{\\n"
+            + tensors
+            + "\\n}) with an unsupported type "
+            "(<class 'tensorflow.python.distribute.values.PerReplica'>) "
+            "to a Tensor."
+        )
+        """,
+    )
+
+    assert launch(script, workers=2, grace_period=0.5) == 1
+
+    out, err = capsys.readouterr()
+    assert f"[worker 1] {PER_REPLICA_FIRST}" in out
+    assert "[worker 1]   599: <tf.Tensor: shape=(8,), dtype=float32>" in out
+    assert "[worker 1] E0000 00:00:1.0 1 coordination_service.cc:1]" in out
+    assert summary(err) == [
+        f"worker 1 exited with code 1: {PER_REPLICA_FIRST} [...] "
+        f"{PER_REPLICA_LAST} {CLONE_MODEL_HINT}"
+    ]
+
+
 def test_the_summary_names_every_failed_worker_first_failure_first(
     tmp_path, capsys
 ):
@@ -394,7 +453,62 @@ def test_a_launch_that_succeeds_has_no_summary(tmp_path, capsys):
                 "keras_clones.errors.SomeError: the message",
                 "more of the message",
             ],
-            "keras_clones.errors.SomeError: the message",
+            "keras_clones.errors.SomeError: the message [...] "
+            "more of the message",
+        ),
+        # A message of several lines: its first line and its last non-empty
+        # line that is no log line of another thread.
+        (
+            [
+                "Traceback (most recent call last):",
+                '  File "train.py", line 3, in <module>',
+                PER_REPLICA_FIRST,
+                "  0: <tf.Tensor: shape=(8,), dtype=float32>",
+                "W0000 00:00:1.0 1 collective_ops.cc:1] noise",
+                "",
+                "  1: <tf.Tensor: shape=(8,), dtype=float32>",
+                PER_REPLICA_LAST + "  ",
+                "",
+                "E0000 00:00:1.0 1 coordination_service.cc:1] UNAVAILABLE",
+                "I0000 00:00:1.0 1 grpc_server_lib.cc:1] noise",
+                "2024-05-01 10:00:00.123456: W tensorflow/core/x.cc:1] noise",
+                "WARNING: All log messages before absl::InitializeLog()",
+                "WARNING:tensorflow:noise",
+                "",
+            ],
+            f"{PER_REPLICA_FIRST} [...] {PER_REPLICA_LAST}",
+        ),
+        # A message of one line is quoted alone, log lines after it or not.
+        (
+            [
+                "Traceback (most recent call last):",
+                '  File "train.py", line 3, in <module>',
+                "RuntimeError: one line",
+                "",
+                "E0000 00:00:1.0 1 coordination_service.cc:1] UNAVAILABLE",
+                "WARNING: absl",
+            ],
+            "RuntimeError: one line",
+        ),
+        # A message ends where another traceback starts (here the last one
+        # is cut short) or where Python chains the next exception.
+        (
+            [
+                "Traceback (most recent call last):",
+                '  File "train.py", line 3, in <module>',
+                "KeyError: 'the cause'",
+                "",
+                "The above exception was the direct cause of the following "
+                "exception:",
+                "",
+                "Traceback (most recent call last):",
+                '  File "train.py", line 5, in <module>',
+                "ValueError: first line",
+                "last line",
+                "Traceback (most recent call last):",
+                '  File "train.py", line 9, in <module>',
+            ],
+            "ValueError: first line [...] last line",
         ),
         # The last traceback ends the worker; a bare exception name counts.
         (
@@ -439,6 +553,79 @@ def test_the_error_line(lines, expected):
     assert error_line.line == expected
 
 
+def summarized(lines, index=1, code=1):
+    """The summary `_summarize` prints for a worker that printed `lines`."""
+    error_line = launch_module._ErrorLine()
+    for line in lines:
+        error_line.feed(line)
+    launch_module._summarize(
+        [(index, code)], {index: error_line}, threading.Lock()
+    )
+
+
+def test_the_summary_tells_how_to_train_a_plain_keras_model_across_workers(
+    capsys,
+):
+    summarized(
+        [
+            "Traceback (most recent call last):",
+            '  File "train.py", line 3, in <module>',
+            PER_REPLICA_FIRST,
+            "  0: <tf.Tensor: shape=(8,), dtype=float32>",
+            PER_REPLICA_LAST,
+        ]
+    )
+
+    assert summary(capsys.readouterr().err) == [
+        f"worker 1 exited with code 1: {PER_REPLICA_FIRST} [...] "
+        f"{PER_REPLICA_LAST} {CLONE_MODEL_HINT}"
+    ]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "ValueError: a value (PerReplica:{ was not converted",
+        "ValueError: Attempt to convert a value (<object>) to a Tensor.",
+    ],
+)
+def test_only_the_per_replica_error_gets_the_clone_model_hint(capsys, message):
+    summarized(["Traceback (most recent call last):", message])
+
+    assert summary(capsys.readouterr().err) == [
+        f"worker 1 exited with code 1: {message}"
+    ]
+
+
+@pytest.mark.parametrize(
+    "first, last",
+    [
+        ("ValueError: " + "a" * 300, "b" * 300),  # Cut in the last line.
+        ("ValueError: " + "a" * 600, "b" * 10),  # Cut in the first line.
+    ],
+    ids=["in the last line", "in the first line"],
+)
+def test_the_summary_cuts_the_quoted_lines_after_500_characters(
+    capsys, first, last
+):
+    summarized(["Traceback (most recent call last):", first, "", last])
+
+    quoted = f"{first} [...] {last}"[:500]
+    assert summary(capsys.readouterr().err) == [
+        f"worker 1 exited with code 1: {quoted} [...]"
+    ]
+
+
+def test_the_clone_model_hint_follows_the_cut(capsys):
+    last = "}) with an unsupported type " + "x" * 600 + " to a Tensor."
+    summarized(["Traceback (most recent call last):", PER_REPLICA_FIRST, last])
+
+    quoted = f"{PER_REPLICA_FIRST} [...] {last}"[:500]
+    assert summary(capsys.readouterr().err) == [
+        f"worker 1 exited with code 1: {quoted} [...] {CLONE_MODEL_HINT}"
+    ]
+
+
 def test_help_documents_the_summary(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
@@ -446,6 +633,8 @@ def test_help_documents_the_summary(capsys):
     out = capsys.readouterr().out
     assert "summary" in out
     assert "Traceback (most recent call last):" in out
+    assert " [...] " in out
+    assert "keras_clones.CloneModel" in out
 
 
 # Importing the launcher imports neither TensorFlow nor Keras.
