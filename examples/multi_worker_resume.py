@@ -10,11 +10,14 @@ with the README's DiLoCo recipe (inner AdamW, outer Nesterov SGD, period
 2. with worker 1 killed (SIGKILL) at optimizer step 30, mid-period, after
    the backup of epoch 1 (step 21): the launch fails;
 3. the same command again: every worker resumes from the backup (the
-   chief's files and each worker's own state) and trains to the end.
+   chief's files and each worker's own state) and trains to the end;
+4. with worker 1 killed at step 30 again, under the launcher's
+   `--max-restarts 1`: the launcher starts both workers again by itself,
+   and they resume.
 
-It prints what the launcher and the resume said, and how far the resumed
+It prints what the launcher and the resume said, and how far each resumed
 run's centers and each worker's local weights are from the uninterrupted
-run's (0: the same run), with both held-out accuracies.
+run's (0: the same run), with the held-out accuracies.
 """
 
 import argparse
@@ -61,15 +64,16 @@ def train(out, kill_at_step):
         )
         model.compile(optimizer, "sparse_categorical_crossentropy")
     callbacks = [keras.callbacks.BackupAndRestore(os.path.join(out, "backup"))]
-    if kill_at_step and worker == 1:
+    killed = os.path.join(out, "killed")  # Once: a restart goes on.
+    if kill_at_step and worker == 1 and not os.path.exists(killed):
+
+        def kill(batch, logs):
+            if optimizer.iterations.numpy() == kill_at_step:
+                open(killed, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+
         callbacks.append(
-            keras.callbacks.LambdaCallback(
-                on_train_batch_begin=lambda batch, logs: (
-                    os.kill(os.getpid(), signal.SIGKILL)
-                    if optimizer.iterations.numpy() == kill_at_step
-                    else None
-                )
-            )
+            keras.callbacks.LambdaCallback(on_train_batch_begin=kill)
         )
     model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=callbacks)
     arrays = {}
@@ -84,7 +88,7 @@ def train(out, kill_at_step):
     np.savez(os.path.join(out, f"worker_{worker}.npz"), **arrays)
 
 
-def launch(out, *options):
+def launch(out, *options, restarts=0):
     """Runs the 2 workers; returns the launcher's exit code and output."""
     command = [
         sys.executable,
@@ -94,6 +98,8 @@ def launch(out, *options):
         "2",
         "--grace-period",
         "0",
+        "--max-restarts",
+        str(restarts),
         __file__,
         "--worker",
         "--out",
@@ -115,9 +121,8 @@ def said(output, *marks):
 
 
 def main(work):
-    import numpy as np
-
     uninterrupted, resumed = work / "uninterrupted", work / "resumed"
+    restarted = work / "restarted"
     code, output = launch(uninterrupted)
     if code:
         sys.exit(f"The uninterrupted run failed:\n{output[-3000:]}")
@@ -134,9 +139,28 @@ def main(work):
     print("The same command again:")
     for line in said(output, "keras_clones: resumed"):
         print(f"  {line}")
+    compare(uninterrupted, resumed, "resumed")
+    code, output = launch(
+        restarted, "--kill-at-step", str(KILL_AT_STEP), restarts=1
+    )
+    if code:
+        sys.exit(f"The restarted run failed:\n{output[-3000:]}")
+    print(
+        f"Worker 1 killed at optimizer step {KILL_AT_STEP} under "
+        f"--max-restarts 1: the launch exits with code {code}."
+    )
+    for line in said(output, "summary: restart", "keras_clones: training"):
+        print(f"  {line}")
+    compare(uninterrupted, restarted, "restarted")
+
+
+def compare(uninterrupted, other, name):
+    """Prints how far `other`'s run is from the uninterrupted one."""
+    import numpy as np
+
     for worker in range(2):
         a = np.load(uninterrupted / f"worker_{worker}.npz")
-        b = np.load(resumed / f"worker_{worker}.npz")
+        b = np.load(other / f"worker_{worker}.npz")
         local = max(
             np.abs(a[k] - b[k]).max() for k in a.files if k.startswith("local")
         )
@@ -144,7 +168,7 @@ def main(work):
             np.abs(a[k] - b[k]).max() for k in a.files if k.startswith("center")
         )
         print(
-            f"Worker {worker}: resumed - uninterrupted, largest difference: "
+            f"Worker {worker}: {name} - uninterrupted, largest difference: "
             f"local weights {local:.1e}, centers {center:.1e}; held-out "
             f"accuracy {float(b['accuracy']):.4f} (uninterrupted "
             f"{float(a['accuracy']):.4f})"

@@ -5,16 +5,20 @@ worker with its own `TF_CONFIG` on 127.0.0.1, prints their output with a
 `[worker i]` prefix and exits non-zero if any worker fails. It never waits
 forever once a worker has failed: the others get a grace period, then are
 stopped, and a summary names the failed workers with their error lines.
+With `--max-restarts K` it starts every worker again after a failure, at
+most K times, and each resumes from its `BackupAndRestore`.
 With `--ps N` (parameter-server training) the script runs once, as the
 coordinator, beside N parameter servers and the workers' servers
 (`[coordinator]`, `[ps j]`, `[worker i]`); a worker that dies is reported
-and training goes on, `--restart-workers` starts it again.
+and training goes on, `--max-restarts K` (or `--restart-workers`, with no
+limit) starts it again.
 Neither this module nor `import keras_clones` imports TensorFlow or Keras:
 the workers do the training.
 """
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -34,6 +38,10 @@ else:
 # long their output is drained after they exit.
 _TERMINATE_TIMEOUT = 5.0
 _POLL_INTERVAL = 0.1
+# What the chief prints at its first step after a resume
+# (`keras_clones.multi_worker.backup.TRAINING_AGAIN`; the launcher imports
+# no Keras).
+_TRAINING_AGAIN = "keras_clones: training again"
 # Error lines longer than this are cut in the summary (not in the output).
 _MAX_ERROR_LINE = 500
 
@@ -102,12 +110,24 @@ characters. That PerReplica error is what a plain keras.Model gets across
 workers in Keras 3 (keras-team/keras#20585); the summary then adds how to
 make it a keras_clones.CloneModel.
 
+With --max-restarts K, a failed worker does not end the run: the others
+are stopped at once, and all the workers are started again, on new ports,
+at most K times; each resumes from its keras.callbacks.BackupAndRestore.
+The launcher exits 0 when a run finishes. The summary then has one line
+per restart: which worker failed and how, and how long after its death
+training went on (the chief prints "keras_clones: training again at
+optimizer step S" at its first step after a resume):
+
+    keras_clones.launch: summary: restart 1 of 1: worker 1 was killed by
+    SIGKILL; training again 9.8 s after its death
+
 With --ps N, the script runs once, as the coordinator, with TF_CONFIG
 naming a cluster of one chief (itself), WORKERS workers and N parameter
 servers (`python -m keras_clones.parameter_server.server`), for
 tf.distribute.ParameterServerStrategy(TFConfigClusterResolver()). A worker
 that dies is reported and training goes on (the coordinator runs its work
-elsewhere); --restart-workers starts it again. A parameter server that dies
+elsewhere); --max-restarts K starts it again, at most K times in all, and
+--restart-workers whenever it dies. A parameter server that dies
 ends the run after --grace-period seconds; the exit code is the
 coordinator's, or the server's.
 
@@ -125,7 +145,13 @@ or have the job script export TF_CONFIG for each task, as this launcher does.
 
 
 def launch(
-    script, args=(), workers=2, grace_period=30.0, ps=0, restart_workers=False
+    script,
+    args=(),
+    workers=2,
+    grace_period=30.0,
+    ps=0,
+    restart_workers=False,
+    max_restarts=0,
 ):
     """Runs `script` as `workers` local workers and returns the exit code.
 
@@ -168,12 +194,26 @@ def launch(
             fails, before they are stopped.
         ps: Number of parameter servers; 0 for multi-worker training.
         restart_workers: With `ps > 0`, whether a worker server that dies
-            is started again (it rejoins the training).
+            is started again (it rejoins the training), with no limit.
+        max_restarts: How many times failed workers are started again.
+            Across workers: after a worker fails the others are stopped at
+            once and all are started again (each resumes from its
+            `keras.callbacks.BackupAndRestore`), at most `max_restarts`
+            times; with `ps > 0`: a worker server that dies is started
+            again, at most `max_restarts` times in all.
+
+    With `max_restarts`, a summary line also tells each restart: which
+    worker failed and how, and how long after its death training went on
+    (the first step after the resume, which the chief's `BackupAndRestore`
+    says: `keras_clones: training again at optimizer step S`), e.g.
+
+        keras_clones.launch: summary: restart 1 of 1: worker 1 was killed
+        by SIGKILL; training again 9.8 s after its death
 
     Returns:
-        0 if every worker exits with 0; otherwise the exit code of the
-        first worker that failed, or 128 + the signal number if a signal
-        killed it (as shells report it).
+        0 if every worker exits with 0 (after the restarts, if any);
+        otherwise the exit code of the first worker that failed, or 128 +
+        the signal number if a signal killed it (as shells report it).
 
     Example:
 
@@ -196,46 +236,146 @@ def launch(
         raise FileNotFoundError(f"No such script: {script!r}.")
     if ps < 0:
         raise ValueError(f"`ps` must be non-negative. Received: ps={ps!r}.")
+    if not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(
+            "`max_restarts` must be a non-negative integer. "
+            f"Received: max_restarts={max_restarts!r}."
+        )
     if ps:
         return launch_parameter_servers(
-            script, args, workers, ps, grace_period, restart_workers
+            script,
+            args,
+            workers,
+            ps,
+            grace_period,
+            restart_workers,
+            max_restarts,
         )
     if restart_workers:
         raise ValueError(
-            "`restart_workers=True` needs parameter servers (`ps > 0`): in "
-            "multi-worker training every worker must stay."
+            "`restart_workers=True` needs parameter servers (`ps > 0`): "
+            "across workers, use `max_restarts`, which starts every worker "
+            "again after one fails."
         )
-    cluster = [f"127.0.0.1:{port}" for port in free_ports(workers)]
     lock = threading.Lock()
-    processes, readers, failed = [], [], []
-    error_lines = [_ErrorLine() for _ in range(workers)]
-    try:
-        for index in range(workers):
-            processes.append(
-                _start(
-                    [sys.executable, "-u", script, *args],
-                    {"worker": cluster},
-                    ("worker", index),
-                )
-            )
-        # Threads only once every worker is started (`preexec_fn` and
-        # threads do not mix).
-        for index, process in enumerate(processes):
-            readers.append(
-                _read(process, f"[worker {index}] ", lock, error_lines[index])
-            )
-        exit_code = _wait(processes, grace_period, lock, failed)
-    finally:
-        # Also reached on Ctrl-C or an error: no worker outlives the launcher.
-        _stop(processes)
-        for reader in readers:
-            reader.join(_TERMINATE_TIMEOUT)
-    _summarize(failed, error_lines, lock)
+    restarts = []  # `_Restart`s, in turn.
+    for attempt in range(max_restarts + 1):
+        last = attempt == max_restarts
+        # With a restart to come, the others are stopped at once.
+        run = _WorkerRun(script, args, workers, lock)
+        exit_code = run.wait(grace_period if last else 0.0)
+        if restarts:
+            restarts[-1].trained_again_at = run.trained_again_at
+        if not exit_code or last:
+            break
+        index, code = run.failed[0]
+        restarts.append(
+            _Restart(index, code, run.error_lines[index], run.failed_at)
+        )
+        _log(
+            f"starting the {workers} workers again (restart {attempt + 1} "
+            f"of {max_restarts}) after worker {index} {_failure(code)}.",
+            lock,
+        )
+    for number, restart in enumerate(restarts, 1):
+        _log(f"summary: restart {number} of {max_restarts}: {restart}", lock)
+    _summarize(run.failed, run.error_lines, lock)
     return exit_code
 
 
+class _WorkerRun:
+    """One start of the `workers` workers, on free ports."""
+
+    def __init__(self, script, args, workers, lock):
+        cluster = [f"127.0.0.1:{port}" for port in free_ports(workers)]
+        self.lock = lock
+        self.processes = []
+        self.failed = []  # `(index, returncode)`, in the order seen.
+        self.failed_at = None  # When the first failure was seen.
+        self.error_lines = [_ErrorLine() for _ in range(workers)]
+        self.trained_again_at = None
+        self._watch = _TrainingAgain(self)
+        self._script_command = [sys.executable, "-u", script, *args]
+        self._cluster = cluster
+
+    def wait(self, grace_period):
+        """Runs the workers until they exit, or are stopped
+        `grace_period` s after the first failure; returns the exit code."""
+        readers = []
+        try:
+            for index in range(len(self.error_lines)):
+                self.processes.append(
+                    _start(
+                        self._script_command,
+                        {"worker": self._cluster},
+                        ("worker", index),
+                    )
+                )
+            # Threads only once every worker is started (`preexec_fn` and
+            # threads do not mix).
+            for index, process in enumerate(self.processes):
+                watchers = [self.error_lines[index]]
+                if index == 0:
+                    watchers.append(self._watch)
+                readers.append(
+                    _read(process, f"[worker {index}] ", self.lock, *watchers)
+                )
+            exit_code = _wait(
+                self.processes, grace_period, self.lock, self.failed
+            )
+            # With no grace period, within a poll of the failure.
+            self.failed_at = time.monotonic()
+            return exit_code
+        finally:
+            # Also reached on Ctrl-C or an error: no worker outlives the
+            # launcher.
+            _stop(self.processes)
+            for reader in readers:
+                reader.join(_TERMINATE_TIMEOUT)
+
+
+class _TrainingAgain:
+    """Notes when a worker's output first says it trains again after a
+    resume (`keras_clones.multi_worker.backup.TRAINING_AGAIN`)."""
+
+    def __init__(self, run):
+        self.run = run
+
+    def feed(self, line):
+        if self.run.trained_again_at is None and _TRAINING_AGAIN in line:
+            self.run.trained_again_at = time.monotonic()
+
+
+class _Restart:
+    """What a restart followed, and when training went on."""
+
+    def __init__(self, index, code, error_line, died_at):
+        self.index, self.code = index, code
+        self.error_line = error_line.line
+        self.died_at = died_at
+        self.trained_again_at = None
+
+    def __str__(self):
+        said = f"worker {self.index} {_failure(self.code)}"
+        if self.error_line:
+            said += f": {self.error_line[:_MAX_ERROR_LINE]}"
+        if self.trained_again_at is None:
+            return (
+                f"{said}; no worker said it trains again (resume with "
+                "`keras.callbacks.BackupAndRestore`)"
+            )
+        seconds = self.trained_again_at - self.died_at
+        return f"{said}; training again {seconds:.1f} s after its death"
+
+
 def launch_parameter_servers(
-    script, args=(), workers=2, ps=1, grace_period=30.0, restart_workers=False
+    script,
+    args=(),
+    workers=2,
+    ps=1,
+    grace_period=30.0,
+    restart_workers=False,
+    max_restarts=0,
 ):
     """Runs `script` as the coordinator of `ps` parameter servers and
     `workers` workers on 127.0.0.1; returns the coordinator's exit code.
@@ -248,8 +388,9 @@ def launch_parameter_servers(
     prefixed with `[coordinator]`, `[worker i]` and `[ps j]`.
 
     A worker that dies is reported and training goes on: the coordinator
-    runs its work on the other workers; with `restart_workers` the launcher
-    starts it again, on its port, and it rejoins. A parameter server that
+    runs its work on the other workers; with `restart_workers` (no limit)
+    or `max_restarts` (at most that many times in all) the launcher starts
+    it again, on its port, and it rejoins. A parameter server that
     dies ends the run: the coordinator gets `grace_period` seconds to exit
     (its `fit` fails), then every process is stopped and the exit code is
     the server's. When the coordinator exits, the servers are stopped.
@@ -291,12 +432,19 @@ def launch_parameter_servers(
         for task in processes:
             read(task)
 
+        restarts_left = [math.inf if restart_workers else max_restarts]
+
         def restart(task):
+            """Starts `task` again, if restarts are left; whether it did."""
+            if not restarts_left[0]:
+                return False
+            restarts_left[0] -= 1
             processes[task] = _start(server, cluster, task)
             read(task)
+            return True
 
         exit_code, failed = _wait_parameter_servers(
-            processes, names, grace_period, lock, restart_workers and restart
+            processes, names, grace_period, lock, restart
         )
     finally:
         _stop(list(processes.values()))
@@ -310,9 +458,10 @@ def launch_parameter_servers(
 
 
 def _wait_parameter_servers(processes, names, grace_period, lock, restart):
-    """Waits for the coordinator; reports (and with `restart`, restarts)
-    dead workers; after a parameter server dies, waits `grace_period` more.
-    Returns the exit code and the `(task, code)` of what failed."""
+    """Waits for the coordinator; reports dead workers and `restart`s them
+    (it says whether it did); after a parameter server dies, waits
+    `grace_period` more. Returns the exit code and the `(task, code)` of
+    what failed."""
     coordinator = ("chief", 0)
     failed, deadline, exit_code = [], None, 0
     while True:
@@ -321,15 +470,13 @@ def _wait_parameter_servers(processes, names, grace_period, lock, restart):
             if code is None or task == coordinator:
                 continue
             if task[0] == "worker":
-                message = f"{names[task]} {_failure(code)}; training goes on"
-                if restart:
-                    message += ": restarting it"
-                _log(message + ".", lock)
                 failed.append((task, code))
-                if restart:
-                    restart(task)
+                message = f"{names[task]} {_failure(code)}; training goes on"
+                if restart(task):
+                    message += ": restarting it"
                 else:
                     del processes[task]
+                _log(message + ".", lock)
             elif deadline is None:
                 _log(
                     f"{names[task]} {_failure(code)}; the coordinator has "
@@ -367,11 +514,12 @@ def _start(command, cluster, task):
     )
 
 
-def _read(process, prefix, lock, error_line):
-    """A started thread printing `process`'s lines with `prefix`."""
+def _read(process, prefix, lock, *watchers):
+    """A started thread printing `process`'s lines with `prefix`, each fed
+    to `watchers` first."""
     reader = threading.Thread(
         target=_print_lines,
-        args=(process.stdout, prefix, lock, error_line),
+        args=(process.stdout, prefix, lock, watchers),
         daemon=True,
     )
     reader.start()
@@ -388,11 +536,12 @@ def _die_with_parent():
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def _print_lines(stream, prefix, lock, error_line):
+def _print_lines(stream, prefix, lock, watchers):
     with stream:
         for line in stream:
             line = line.rstrip("\n")
-            error_line.feed(line)
+            for watcher in watchers:
+                watcher.feed(line)
             with lock:
                 print(prefix + line, flush=True)
 
@@ -577,9 +726,23 @@ def main(argv=None):
         ),
     )
     parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help=(
+            "start failed workers again, at most K times: across workers, "
+            "all of them at once, each resuming from its BackupAndRestore; "
+            "with --ps, the worker server that died (default: 0)"
+        ),
+    )
+    parser.add_argument(
         "--restart-workers",
         action="store_true",
-        help="with --ps: start a worker server again when it dies",
+        help=(
+            "with --ps: start a worker server again whenever it dies "
+            "(--max-restarts with no limit)"
+        ),
     )
     parser.add_argument("script", help="the training script every worker runs")
     parser.add_argument(
@@ -599,7 +762,13 @@ def main(argv=None):
     if options.ps < 0:
         parser.error(f"--ps must be non-negative, got {options.ps}")
     if options.restart_workers and not options.ps:
-        parser.error("--restart-workers needs --ps")
+        parser.error(
+            "--restart-workers needs --ps; across workers use --max-restarts"
+        )
+    if options.max_restarts < 0:
+        parser.error(
+            f"--max-restarts must be non-negative, got {options.max_restarts}"
+        )
     # Stopped by a scheduler or `timeout`: stop the workers first.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     return launch(
@@ -609,6 +778,7 @@ def main(argv=None):
         grace_period=options.grace_period,
         ps=options.ps,
         restart_workers=options.restart_workers,
+        max_restarts=options.max_restarts,
     )
 
 

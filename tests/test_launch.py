@@ -178,6 +178,7 @@ def test_a_worker_that_ignores_sigterm_is_killed(tmp_path, capsys, monkeypatch):
         ([], "the following arguments are required: script"),
         (["--ps", "-1", "{script}"], "--ps must be non-negative"),
         (["--restart-workers", "{script}"], "--restart-workers needs --ps"),
+        (["--max-restarts", "-1", "{script}"], "--max-restarts must be non"),
     ],
 )
 def test_command_line_errors(tmp_path, capsys, argv, message):
@@ -203,6 +204,9 @@ def test_launch_checks_its_arguments(tmp_path):
         launch(script, ps=-1)
     with pytest.raises(ValueError, match="needs parameter servers"):
         launch(script, restart_workers=True)
+    for wrong in (-1, 1.5):
+        with pytest.raises(ValueError, match="`max_restarts` must be a non"):
+            launch(script, max_restarts=wrong)
 
 
 def test_help_documents_slurm(capsys):
@@ -745,3 +749,125 @@ def test_import_keras_clones_then_keras_loads_saved_clone_models(
         "FunctionalCloneModel",
         "keras_clones.agn.optimizer",
     ]
+
+
+# A worker 1 that fails in its first `failures` runs (counted in a file
+# beside the script); the workers of a later run say they train again, as
+# the chief's BackupAndRestore does after a resume.
+FAILS_AT_FIRST = """
+runs = os.path.join(os.path.dirname(__file__), f"runs_{{index}}")
+run = len(open(runs).read()) if os.path.exists(runs) else 0
+open(runs, "a").write("x")
+if run and index == 0:
+    print("keras_clones: training again at optimizer step 3.")
+if index == 1 and run < {failures}:
+    time.sleep(0.5)
+    raise RuntimeError(f"boom {{run}}")
+if index == 0 and run < {failures}:
+    time.sleep(1000)
+"""
+
+
+def test_max_restarts_starts_every_worker_again_until_the_run_ends(
+    tmp_path, capsys
+):
+    script = write_script(tmp_path, FAILS_AT_FIRST.format(failures=2))
+
+    start = time.monotonic()
+    assert launch(script, workers=2, max_restarts=2, grace_period=60) == 0
+    elapsed = time.monotonic() - start
+
+    # Worker 0 was stopped at once each time, not after the grace period.
+    assert elapsed < 30
+    err = capsys.readouterr().err
+    for number in (1, 2):
+        assert (
+            f"starting the 2 workers again (restart {number} of 2) after "
+            "worker 1 exited with code 1." in err
+        )
+        line = re.search(
+            rf"summary: restart {number} of 2: worker 1 exited with code 1: "
+            rf"RuntimeError: boom {number - 1}; training again "
+            r"([0-9.]+) s after its death\n",
+            err,
+        )
+        assert line, err
+        assert 0 < float(line[1]) < 10
+    assert "summary: worker" not in err  # The last run failed nowhere.
+
+
+def test_a_failure_with_no_restarts_left_fails_the_launch(tmp_path, capsys):
+    script = write_script(tmp_path, FAILS_AT_FIRST.format(failures=3))
+
+    assert launch(script, workers=2, max_restarts=1, grace_period=0) == 1
+
+    err = capsys.readouterr().err
+    assert "summary: restart 1 of 1: worker 1 exited with code 1: " in err
+    assert "summary: worker 1 exited with code 1: RuntimeError: boom 1" in err
+
+
+def test_a_restart_without_a_resume_says_so(tmp_path, capsys):
+    script = write_script(
+        tmp_path,
+        FAILS_AT_FIRST.format(failures=1).replace("keras_clones: ", ""),
+    )
+
+    assert launch(script, workers=2, max_restarts=1) == 0
+
+    err = capsys.readouterr().err
+    assert (
+        "no worker said it trains again (resume with "
+        "`keras.callbacks.BackupAndRestore`)" in err
+    )
+
+
+def test_the_launcher_knows_the_line_a_resumed_chief_prints():
+    from keras_clones.multi_worker import backup
+
+    assert launch_module._TRAINING_AGAIN == backup.TRAINING_AGAIN
+
+
+class _Exited:
+    """A process that has exited with `code` (for `_wait_parameter_servers`)."""
+
+    def __init__(self, code):
+        self.returncode = code
+
+    def poll(self):
+        return self.returncode
+
+
+def test_parameter_servers_restart_a_dead_worker_while_restarts_are_left(
+    capsys,
+):
+    # Worker 0 dies twice; one restart is left: it is started again once,
+    # then training goes on without it.
+    restarts_left = [1]
+    processes = {
+        ("chief", 0): _Exited(None),
+        ("worker", 0): _Exited(-9),
+    }
+    names = {("chief", 0): "coordinator", ("worker", 0): "worker 0"}
+
+    def restart(task):
+        if not restarts_left[0]:
+            return False
+        restarts_left[0] -= 1
+        processes[task] = _Exited(-9)  # It dies again.
+        return True
+
+    def coordinator_ends_later():
+        time.sleep(0.5)
+        processes[("chief", 0)].returncode = 0
+
+    threading.Thread(target=coordinator_ends_later).start()
+    code, failed = launch_module._wait_parameter_servers(
+        processes, names, 0.0, threading.Lock(), restart
+    )
+
+    assert code == 0
+    assert failed == [(("worker", 0), -9)] * 2
+    err = capsys.readouterr().err
+    assert err.count("worker 0 was killed by SIGKILL; training goes on") == 2
+    assert err.count("training goes on: restarting it.") == 1
+    assert ("worker", 0) not in processes

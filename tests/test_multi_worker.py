@@ -398,9 +398,7 @@ def resized(launched):
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize(
-    "run", ["sync", "gradients", "diloco", "diloco_overlap"]
-)
+@pytest.mark.parametrize("run", ["sync", "gradients", "diloco_overlap"])
 def test_a_backup_of_2_workers_resumes_on_1_and_on_3_as_by_hand(
     resized, workers, run
 ):

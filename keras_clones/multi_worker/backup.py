@@ -31,6 +31,9 @@ from keras_clones import _keras_internals as internals
 from keras_clones.agn import AGNOptimizer
 
 STATE_DIRECTORY = "keras_clones_workers"
+# What the chief prints at the first step after a resume (the launcher
+# times its restarts by it: `keras_clones.launch._TRAINING_AGAIN`).
+TRAINING_AGAIN = "keras_clones: training again"
 _NAME = re.compile(r"step_(\d+)\.worker_(\d+)_of_(\d+)\.npz$")
 
 
@@ -66,6 +69,7 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
         self.workers = strategy.num_replicas_in_sync
         self.is_chief = bool(strategy.extended.should_checkpoint)
         self._epoch = 0
+        self._resumed = False
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -74,6 +78,13 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
     def on_epoch_end(self, epoch, logs=None):
         self._epoch = epoch + 1
         super().on_epoch_end(epoch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._resumed and self.is_chief:
+            step = int(self.model.optimizer.iterations.numpy())
+            print(f"{TRAINING_AGAIN} at optimizer step {step}.", flush=True)
+        self._resumed = False
+        super().on_train_batch_end(batch, logs)
 
     # Saving.
 
@@ -142,8 +153,9 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
             if self.worker < before:
                 kinds, arrays = self._read_own(files[self.worker][1], metadata)
             agn.restore_worker_state(kinds, arrays, before)
+        self._resumed = True
         if self.is_chief:
-            print(self._resumed(metadata, step, before, agn), flush=True)
+            print(self._said(metadata, step, before, agn), flush=True)
         if metadata.get("batch"):
             warnings.warn(
                 f"The backup in {self.shared_dir!r} was made after batch "
@@ -218,7 +230,7 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
             "it was saved, or remove it to start training over."
         )
 
-    def _resumed(self, metadata, step, before, agn):
+    def _said(self, metadata, step, before, agn):
         where = (
             f"keras_clones: resumed from the backup in {self.shared_dir!r} "
             f"at epoch {metadata['epoch'] + 1} (optimizer step {step})"

@@ -36,11 +36,6 @@ RESUMED_ON = (1, 3)
 RUNS = {
     "sync": None,
     "gradients": {"communication_period": 4},
-    "diloco": {
-        "communication_period": 4,
-        "commit": "weight_change",
-        "normalize": False,
-    },
     "diloco_overlap": {
         "communication_period": 2,
         "commit": "weight_change",
