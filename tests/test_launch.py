@@ -792,7 +792,7 @@ def test_max_restarts_starts_every_worker_again_until_the_run_ends(
             err,
         )
         assert line, err
-        assert 0 < float(line[1]) < 10
+        assert 0 <= float(line[1]) < elapsed, err
     assert "summary: worker" not in err  # The last run failed nowhere.
 
 
