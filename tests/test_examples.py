@@ -83,29 +83,26 @@ def test_the_multi_worker_example_resumes_a_killed_worker_as_the_same_run(
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     out = result.stdout
-    assert "the launch exits with code 137" in out, out
-    assert "worker 1 was killed by SIGKILL" in out, out
+    assert "under --max-restarts 1: the launch exits with code 0" in out, out
+    assert "keras_clones.launch: worker 1 was killed by SIGKILL" in out, out
     assert (
         "at epoch 2 (optimizer step 21), made on 2 workers, resumed on 2: "
         "workers 0-1 keep their own state." in out
     ), out
-    assert "under --max-restarts 1: the launch exits with code 0" in out
+    assert "keras_clones: training again at optimizer step 22." in out, out
     restart = re.search(
         r"summary: restart 1 of 1: worker 1 was killed by SIGKILL; training "
         r"again ([0-9.]+) s after its death",
         out,
     )
     assert restart, out
-    assert "[worker 0] keras_clones: training again at optimizer step 22" in (
-        out
-    )
     rows = re.findall(
-        r"(resumed|restarted) - uninterrupted, largest difference: local "
-        r"weights ([0-9.e+-]+), centers ([0-9.e+-]+); held-out accuracy "
-        r"([0-9.]+) \(uninterrupted ([0-9.]+)\)",
+        r"resumed - uninterrupted, largest difference: local weights "
+        r"([0-9.e+-]+), centers ([0-9.e+-]+); held-out accuracy ([0-9.]+) "
+        r"\(uninterrupted ([0-9.]+)\)",
         out,
     )
-    assert [r[0] for r in rows] == ["resumed"] * 2 + ["restarted"] * 2, out
-    for _, local, center, resumed, uninterrupted in rows:
+    assert len(rows) == 2, out
+    for local, center, resumed, uninterrupted in rows:
         assert float(local) < 1e-6 and float(center) < 1e-6, out
         assert float(resumed) == float(uninterrupted) > 0.9, out

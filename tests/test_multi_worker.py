@@ -346,7 +346,7 @@ def test_restarted_workers_resume_from_the_backup_exactly(restarted):
     [
         f"{inner}{overlap}"
         for overlap in ("", "_overlap")
-        for inner in ("sgd", "momentum", "adam", "adamw", "schedule_free")
+        for inner in ("adamw", "schedule_free")
     ],
 )
 def test_a_resumed_agn_run_is_the_uninterrupted_run_on_every_worker(

@@ -30,11 +30,11 @@ def topology(worker=0, workers=1):
     )
 
 
-def agn_model(**options):
+def agn_model(optimizer=None, **options):
     model = mlp(extra_losses=False)
     options.setdefault("communication_period", 4)
     optimizer = keras_clones.AGNOptimizer(
-        keras.optimizers.AdamW(0.01), **options
+        optimizer or keras.optimizers.AdamW(0.01), **options
     )
     model.compile(optimizer, "sparse_categorical_crossentropy")
     return model
@@ -195,3 +195,85 @@ def test_a_workers_state_of_another_optimizer_is_refused():
     kinds, arrays = model.optimizer.worker_state()
     with pytest.raises(ValueError, match="does not fit its AGNOptimizer"):
         model.optimizer.restore_worker_state(kinds[1:], arrays[1:], 1)
+
+
+INNER = {
+    "sgd": lambda: keras.optimizers.SGD(0.05),
+    "momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
+    "schedule_free": lambda: keras.optimizers.ScheduleFreeAdamW(0.01),
+}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("inner", list(INNER))
+def test_a_workers_own_state_comes_back_over_the_chiefs_weights(
+    tmp_path, inner, overlap
+):
+    # Two "workers" (models) train on different data, DiLoCo, mid-period
+    # (with overlap, a commit in flight). Worker 1 loads the chief's
+    # weights, as Keras restores them, then its own state: every variable
+    # it holds of its own is its own again, to the bit, and the rest is
+    # the chief's. tests/test_multi_worker.py resumes AdamW and
+    # ScheduleFreeAdamW across processes.
+    def model():
+        return agn_model(
+            communication_period=2 if overlap else 4,
+            commit="weight_change",
+            normalize=False,
+            overlap=overlap,
+            optimizer=INNER[inner](),
+        )
+
+    class Capture(keras.callbacks.Callback):
+        """At the last epoch's end (before `fit` applies a commit in
+        flight): the weights file, what the worker holds of its own, and
+        every value."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                optimizer = self.model.optimizer
+                self.model.save_weights(tmp_path / f"{id(self)}.weights.h5")
+                self.path = tmp_path / f"{id(self)}.weights.h5"
+                self.state = optimizer.worker_state()
+                self.phase = int(optimizer.in_flight_phase)
+                self.values = [
+                    v.numpy() for v in optimizer.variables + self.model.weights
+                ]
+
+    chief, worker = model(), model()
+    at_chief, at_worker = Capture(), Capture()
+    x, y = data(48)
+    chief.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[at_chief])
+    worker.fit(
+        x + 1, y, batch_size=16, epochs=2, verbose=0, callbacks=[at_worker]
+    )
+    assert at_worker.phase != 0 if overlap else at_worker.phase == 0
+    worker.load_weights(at_chief.path)
+    worker.optimizer.restore_worker_state(*at_worker.state, replicas_before=1)
+    restored = worker.optimizer.variables + worker.weights
+    differs = 0
+    for variable, mine, chiefs in zip(
+        restored, at_worker.values, at_chief.values
+    ):
+        if np.array_equal(mine, chiefs):
+            continue
+        differs += 1
+        value = variable.numpy()
+        assert np.array_equal(value, mine) or np.array_equal(value, chiefs)
+        ours = np.array_equal(value, mine)
+        assert ours == _is_own(worker.optimizer, variable), variable.path
+    assert differs
+
+
+def _is_own(optimizer, variable):
+    """Whether `variable` is one a worker holds of its own: the model's
+    trainable weights, the inner optimizer's, and AGN's period starts,
+    commits in flight, accumulators and skip counters."""
+    own_names = ("period_start", "in_flight", "grad_accumulator", "skipped")
+    return (
+        any(variable is v for v in optimizer.inner_optimizer.variables)
+        or variable.trainable
+        or any(name in variable.path for name in own_names)
+    )

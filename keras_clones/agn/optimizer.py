@@ -407,8 +407,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         """With `overlap=True`: 0, no commit in flight; 1, sent (each
         worker's own commit awaits the all-reduce); 2, received (the
         reduced commit awaits being applied at the current period's end).
-        With fragments, one per fragment (a vector)."""
+        With fragments, one per fragment (a vector). Without overlap, no
+        commit is ever in flight: 0 (a vector of zeros with fragments)."""
         phases = [f.phase for f in self._state.fragments]
+        if phases[0] is None:
+            phases = [tf.constant(0, "int64")] * len(phases)
         if len(phases) == 1:
             return tf.convert_to_tensor(phases[0])
         return tf.stack([tf.convert_to_tensor(p) for p in phases])
