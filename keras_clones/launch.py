@@ -38,10 +38,11 @@ else:
 # long their output is drained after they exit.
 _TERMINATE_TIMEOUT = 5.0
 _POLL_INTERVAL = 0.1
-# What the chief prints at its first step after a resume
-# (`keras_clones.multi_worker.backup.TRAINING_AGAIN`; the launcher imports
-# no Keras).
-_TRAINING_AGAIN = "keras_clones: training again"
+# What the chief's `BackupAndRestore` prints at its first step, and after
+# a resume (`keras_clones.multi_worker.backup.TRAINING`, `TRAINING_AGAIN`;
+# the launcher imports no Keras).
+_TRAINING = "keras_clones: training"
+_TRAINING_AGAIN = f"{_TRAINING} again"
 # Error lines longer than this are cut in the summary (not in the output).
 _MAX_ERROR_LINE = 500
 
@@ -121,6 +122,11 @@ optimizer step S" at its first step after a resume):
     keras_clones.launch: summary: restart 1 of 1: worker 1 was killed by
     SIGKILL; training again 9.8 s after its death
 
+With --min-workers M too, a worker that fails to start (exits before the
+chief's first step) --max-restarts times in a row is left out: the workers
+start again one fewer (the last index goes), down to M, and resume the
+backup made on more workers.
+
 With --ps N, the script runs once, as the coordinator, with TF_CONFIG
 naming a cluster of one chief (itself), WORKERS workers and N parameter
 servers (`python -m keras_clones.parameter_server.server`), for
@@ -152,6 +158,7 @@ def launch(
     ps=0,
     restart_workers=False,
     max_restarts=0,
+    min_workers=None,
 ):
     """Runs `script` as `workers` local workers and returns the exit code.
 
@@ -201,6 +208,12 @@ def launch(
             `keras.callbacks.BackupAndRestore`), at most `max_restarts`
             times; with `ps > 0`: a worker server that dies is started
             again, at most `max_restarts` times in all.
+        min_workers: Across workers, with `max_restarts`: when a worker
+            fails to start (exits before the chief's first step)
+            `max_restarts` times in a row, the workers start again one
+            fewer, down to `min_workers` (the last index is left out; each
+            resumes a backup made on more workers as `BackupAndRestore`
+            does across workers). None: always all `workers`.
 
     With `max_restarts`, a summary line also tells each restart: which
     worker failed and how, and how long after its death training went on
@@ -241,6 +254,7 @@ def launch(
             "`max_restarts` must be a non-negative integer. "
             f"Received: max_restarts={max_restarts!r}."
         )
+    _check_min_workers(min_workers, workers, max_restarts, ps)
     if ps:
         return launch_parameter_servers(
             script,
@@ -259,28 +273,70 @@ def launch(
         )
     lock = threading.Lock()
     restarts = []  # `_Restart`s, in turn.
+    start_failures = {}  # Worker index: failed starts in a row.
     for attempt in range(max_restarts + 1):
         last = attempt == max_restarts
         # With a restart to come, the others are stopped at once.
         run = _WorkerRun(script, args, workers, lock)
         exit_code = run.wait(grace_period if last else 0.0)
         if restarts:
-            restarts[-1].trained_again_at = run.trained_again_at
+            restarts[-1].next_run = run
         if not exit_code or last:
             break
-        index, code = run.failed[0]
-        restarts.append(
-            _Restart(index, code, run.error_lines[index], run.failed_at)
+        workers = _workers_after(
+            run, workers, min_workers, max_restarts, start_failures, lock
         )
+        restarts.append(_Restart(run, workers))
+        index, code = run.failed[0]
         _log(
-            f"starting the {workers} workers again (restart {attempt + 1} "
-            f"of {max_restarts}) after worker {index} {_failure(code)}.",
+            f"starting {workers} workers again (restart {attempt + 1} of "
+            f"{max_restarts}) after worker {index} {_failure(code)}.",
             lock,
         )
     for number, restart in enumerate(restarts, 1):
         _log(f"summary: restart {number} of {max_restarts}: {restart}", lock)
     _summarize(run.failed, run.error_lines, lock)
     return exit_code
+
+
+def _workers_after(run, workers, min_workers, max_restarts, failures, lock):
+    """How many workers start after `run` failed: one fewer when one failed
+    to start (before the chief's first step) `max_restarts` times in a row
+    and `min_workers` allows it."""
+    if run.first_step_at is not None:
+        failures.clear()  # Every worker started.
+        return workers
+    for index, _ in run.failed:
+        failures[index] = failures.get(index, 0) + 1
+    index = max(failures, key=failures.get)
+    if min_workers is None or failures[index] < max_restarts:
+        return workers
+    if workers <= min_workers:
+        return workers
+    _log(
+        f"worker {index} failed to start {failures[index]} times in a row: "
+        f"going on with {workers - 1} workers (--min-workers {min_workers}).",
+        lock,
+    )
+    failures.clear()
+    return workers - 1
+
+
+def _check_min_workers(min_workers, workers, max_restarts, ps):
+    if min_workers is None:
+        return
+    if not isinstance(min_workers, int) or not 1 <= min_workers <= workers:
+        raise ValueError(
+            f"`min_workers` must be an integer from 1 to `workers` "
+            f"({workers}). Received: min_workers={min_workers!r}."
+        )
+    if ps or not max_restarts:
+        raise ValueError(
+            "`min_workers` needs `max_restarts` and no parameter servers: "
+            "workers are left out when they fail to start `max_restarts` "
+            f"times in a row. Received: max_restarts={max_restarts!r}, "
+            f"ps={ps!r}."
+        )
 
 
 class _WorkerRun:
@@ -293,8 +349,9 @@ class _WorkerRun:
         self.failed = []  # `(index, returncode)`, in the order seen.
         self.failed_at = None  # When the first failure was seen.
         self.error_lines = [_ErrorLine() for _ in range(workers)]
-        self.trained_again_at = None
-        self._watch = _TrainingAgain(self)
+        self.first_step_at = None  # When the chief said it trains.
+        self.resumed = False  # Whether it said so after a resume.
+        self._watch = _FirstStep(self)
         self._script_command = [sys.executable, "-u", script, *args]
         self._cluster = cluster
 
@@ -334,37 +391,49 @@ class _WorkerRun:
                 reader.join(_TERMINATE_TIMEOUT)
 
 
-class _TrainingAgain:
-    """Notes when a worker's output first says it trains again after a
-    resume (`keras_clones.multi_worker.backup.TRAINING_AGAIN`)."""
+class _FirstStep:
+    """Notes when the chief's output first says it trains (its
+    `BackupAndRestore`'s line at its first step), and whether after a
+    resume."""
 
     def __init__(self, run):
         self.run = run
 
     def feed(self, line):
-        if self.run.trained_again_at is None and _TRAINING_AGAIN in line:
-            self.run.trained_again_at = time.monotonic()
+        if self.run.first_step_at is None and _TRAINING in line:
+            self.run.first_step_at = time.monotonic()
+            self.run.resumed = _TRAINING_AGAIN in line
 
 
 class _Restart:
     """What a restart followed, and when training went on."""
 
-    def __init__(self, index, code, error_line, died_at):
-        self.index, self.code = index, code
-        self.error_line = error_line.line
-        self.died_at = died_at
-        self.trained_again_at = None
+    def __init__(self, run, workers_after):
+        self.index, self.code = run.failed[0]
+        self.error_line = run.error_lines[self.index].line
+        self.died_at = run.failed_at
+        self.workers_before = len(run.error_lines)
+        self.workers_after = workers_after
+        self.next_run = None
 
     def __str__(self):
         said = f"worker {self.index} {_failure(self.code)}"
         if self.error_line:
             said += f": {self.error_line[:_MAX_ERROR_LINE]}"
-        if self.trained_again_at is None:
+        if self.workers_after < self.workers_before:
+            said += (
+                f"; it failed to start in a row, so {self.workers_after} "
+                "workers went on"
+            )
+        run = self.next_run
+        if run is None or run.first_step_at is None:
             return (
                 f"{said}; no worker said it trains again (resume with "
                 "`keras.callbacks.BackupAndRestore`)"
             )
-        seconds = self.trained_again_at - self.died_at
+        seconds = run.first_step_at - self.died_at
+        if not run.resumed:
+            return f"{said}; training from the start {seconds:.1f} s after"
         return f"{said}; training again {seconds:.1f} s after its death"
 
 
@@ -737,6 +806,16 @@ def main(argv=None):
         ),
     )
     parser.add_argument(
+        "--min-workers",
+        type=int,
+        metavar="M",
+        help=(
+            "with --max-restarts: a worker that fails to start --max-restarts "
+            "times in a row is left out, and training goes on with fewer "
+            "workers, down to M (default: all of them)"
+        ),
+    )
+    parser.add_argument(
         "--restart-workers",
         action="store_true",
         help=(
@@ -769,6 +848,17 @@ def main(argv=None):
         parser.error(
             f"--max-restarts must be non-negative, got {options.max_restarts}"
         )
+    if options.min_workers is not None and not (
+        options.max_restarts and not options.ps
+    ):
+        parser.error("--min-workers needs --max-restarts, and no --ps")
+    if options.min_workers is not None and not (
+        1 <= options.min_workers <= options.workers
+    ):
+        parser.error(
+            f"--min-workers must be from 1 to --workers ({options.workers}), "
+            f"got {options.min_workers}"
+        )
     # Stopped by a scheduler or `timeout`: stop the workers first.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     return launch(
@@ -779,6 +869,7 @@ def main(argv=None):
         ps=options.ps,
         restart_workers=options.restart_workers,
         max_restarts=options.max_restarts,
+        min_workers=options.min_workers,
     )
 
 

@@ -782,7 +782,7 @@ def test_max_restarts_starts_every_worker_again_until_the_run_ends(
     err = capsys.readouterr().err
     for number in (1, 2):
         assert (
-            f"starting the 2 workers again (restart {number} of 2) after "
+            f"starting 2 workers again (restart {number} of 2) after "
             "worker 1 exited with code 1." in err
         )
         line = re.search(
@@ -871,3 +871,69 @@ def test_parameter_servers_restart_a_dead_worker_while_restarts_are_left(
     assert err.count("worker 0 was killed by SIGKILL; training goes on") == 2
     assert err.count("training goes on: restarting it.") == 1
     assert ("worker", 0) not in processes
+
+
+# Worker `index` >= 1 refuses to start on a cluster of more than 1 worker;
+# the chief waits for it (as in a collective), or, alone, trains.
+REFUSES_ON_MORE_THAN_ONE = """
+workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+if index >= 1:
+    sys.exit("refusing to start")
+if workers > 1:
+    time.sleep(1000)
+print("keras_clones: training again at optimizer step 12.")
+"""
+
+
+def test_a_worker_that_fails_to_start_is_left_out_down_to_min_workers(
+    tmp_path, capsys
+):
+    script = write_script(tmp_path, REFUSES_ON_MORE_THAN_ONE)
+
+    assert launch(script, workers=2, max_restarts=2, min_workers=1) == 0
+
+    out, err = capsys.readouterr()
+    assert "starting 2 workers again (restart 1 of 2)" in err
+    assert (
+        "worker 1 failed to start 2 times in a row: going on with 1 workers "
+        "(--min-workers 1)." in err
+    )
+    assert "starting 1 workers again (restart 2 of 2)" in err
+    assert re.search(
+        r"summary: restart 2 of 2: worker 1 exited with code 1; it failed to "
+        r"start in a row, so 1 workers went on; training again [0-9.]+ s "
+        r"after its death",
+        err,
+    ), err
+    # Worker 1 refused twice; worker 0 trained alone in the last run.
+    assert worker_lines(out, 1) == ["refusing to start"] * 2
+    assert out.count("keras_clones: training again") == 1
+
+
+def test_without_min_workers_a_worker_that_never_starts_fails_the_launch(
+    tmp_path, capsys
+):
+    script = write_script(tmp_path, REFUSES_ON_MORE_THAN_ONE)
+
+    assert launch(script, workers=2, max_restarts=1, grace_period=0) == 1
+
+    err = capsys.readouterr().err
+    assert (
+        "summary: restart 1 of 1: worker 1 exited with code 1; no worker "
+        in err
+    )
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"min_workers": 0, "max_restarts": 1}, "from 1 to `workers` (2)"),
+        ({"min_workers": 3, "max_restarts": 1}, "from 1 to `workers` (2)"),
+        ({"min_workers": 1}, "`min_workers` needs `max_restarts`"),
+        ({"min_workers": 1, "max_restarts": 1, "ps": 1}, "no parameter"),
+    ],
+)
+def test_min_workers_is_checked(tmp_path, options, message):
+    script = write_script(tmp_path, "")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        launch(script, workers=2, **options)

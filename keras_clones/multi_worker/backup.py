@@ -31,9 +31,10 @@ from keras_clones import _keras_internals as internals
 from keras_clones.agn import AGNOptimizer
 
 STATE_DIRECTORY = "keras_clones_workers"
-# What the chief prints at the first step after a resume (the launcher
-# times its restarts by it: `keras_clones.launch._TRAINING_AGAIN`).
-TRAINING_AGAIN = "keras_clones: training again"
+# What the chief prints at its first step: after a resume, and otherwise
+# (the launcher reads them: `keras_clones.launch._TRAINING`).
+TRAINING = "keras_clones: training"
+TRAINING_AGAIN = f"{TRAINING} again"
 _NAME = re.compile(r"step_(\d+)\.worker_(\d+)_of_(\d+)\.npz$")
 
 
@@ -70,6 +71,7 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
         self.is_chief = bool(strategy.extended.should_checkpoint)
         self._epoch = 0
         self._resumed = False
+        self._first_step = True
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -80,10 +82,11 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
         super().on_epoch_end(epoch, logs)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._resumed and self.is_chief:
+        if self._first_step and self.is_chief:
             step = int(self.model.optimizer.iterations.numpy())
-            print(f"{TRAINING_AGAIN} at optimizer step {step}.", flush=True)
-        self._resumed = False
+            said = TRAINING_AGAIN if self._resumed else TRAINING
+            print(f"{said} at optimizer step {step}.", flush=True)
+        self._first_step = False
         super().on_train_batch_end(batch, logs)
 
     # Saving.
