@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: setup demo test test-fast test-bench format bench bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap clean conformance
+.PHONY: setup demo test test-fast test-bench format bench bench-faults bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,10 @@ bench-overlap: setup
 
 bench-callbacks: setup
 	$(BIN)/python bench/callbacks.py
+
+# About 15 minutes: 2 workers killed and restarted, round robin.
+bench-faults: setup
+	$(BIN)/python bench/faults.py
 
 # tensorflow and tf-keras at .venv's TensorFlow minor version.
 $(BENCH_STAMP): pyproject.toml $(STAMP)
