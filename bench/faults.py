@@ -14,8 +14,8 @@ go round robin: every optimizer's uninterrupted run, then its faulty runs.
 It prints:
 - the parts of each recovery, from the lines the driver timestamps as they
   come (worker clocks and the driver's are one machine's): detection (the
-  kill to the launcher's line), process start (the launcher's restart line
-  to the worker's first line), TensorFlow import and cluster set-up, the
+  kill to the launcher's line), stopping the other worker (to the
+  launcher's restart line), process start (to the worker's first line), TensorFlow import and cluster set-up, the
   restore (`fit` start to `BackupAndRestore`'s restore), the first step
   (restore to the first step, mostly tracing), and the work lost (the
   steps since the backup, at the uninterrupted run's step time);
@@ -188,6 +188,7 @@ def parts(recovery, step_time):
     r = recovery
     return {
         "detection": r["noticed"] - r["kill"],
+        "stopping the others": r["restart"] - r["noticed"],
         "process start": r["start"] - r["restart"],
         "import, cluster": r["cluster"] - r["start"],
         "model, restore": r["restored"] - r["cluster"],

@@ -278,7 +278,7 @@ def launch(
         last = attempt == max_restarts
         # With a restart to come, the others are stopped at once.
         run = _WorkerRun(script, args, workers, lock)
-        exit_code = run.wait(grace_period if last else 0.0)
+        exit_code = run.wait(0.0 if not last else grace_period, not last)
         if restarts:
             restarts[-1].next_run = run
         if not exit_code or last:
@@ -355,9 +355,10 @@ class _WorkerRun:
         self._script_command = [sys.executable, "-u", script, *args]
         self._cluster = cluster
 
-    def wait(self, grace_period):
+    def wait(self, grace_period, kill_at_once=False):
         """Runs the workers until they exit, or are stopped
-        `grace_period` s after the first failure; returns the exit code."""
+        `grace_period` s after the first failure (with SIGKILL at once if
+        `kill_at_once`); returns the exit code."""
         readers = []
         try:
             for index in range(len(self.error_lines)):
@@ -386,7 +387,7 @@ class _WorkerRun:
         finally:
             # Also reached on Ctrl-C or an error: no worker outlives the
             # launcher.
-            _stop(self.processes)
+            _stop(self.processes, at_once=kill_at_once and bool(self.failed))
             for reader in readers:
                 reader.join(_TERMINATE_TIMEOUT)
 
@@ -745,10 +746,17 @@ def _wait(processes, grace_period, lock, failed):
         time.sleep(_POLL_INTERVAL)
 
 
-def _stop(processes):
+def _stop(processes, at_once=False):
+    """Stops the `processes` still running: SIGTERM, then SIGKILL after
+    `_TERMINATE_TIMEOUT` s; SIGKILL `at_once` (those that start again from
+    a backup have nothing to save, and TensorFlow's coordination service
+    may hold SIGTERM up)."""
     running = [p for p in processes if p.poll() is None]
     for process in running:
-        process.terminate()
+        if at_once:
+            process.kill()
+        else:
+            process.terminate()
     deadline = time.monotonic() + _TERMINATE_TIMEOUT
     for process in running:
         try:

@@ -13,6 +13,7 @@ def test_bench_faults_quick_prints_goodput_and_the_parts(run_bench_quick):
     assert re.search(rf"\| AGN\(16\) \| 1 \| {number} \| {number} \|", out), out
     for part in (
         "detection",
+        "stopping the others",
         "process start",
         "import, cluster",
         "model, restore",

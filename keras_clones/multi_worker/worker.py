@@ -106,7 +106,8 @@ def _lost_worker_message(error):
     return (
         "Multi-worker training stopped: another worker died or stopped "
         "answering. TensorFlow notices a dead worker within about 10 seconds "
-        "(heartbeats), and a worker that is alive but stuck after the "
+        "(heartbeats; at once when the chief dies), and a worker that is "
+        "alive but stuck after the "
         "`timeout_seconds` of the strategy's "
         "`tf.distribute.experimental.CommunicationOptions` (none by default). "
         "Restart every worker; with `keras.callbacks.BackupAndRestore`, "
