@@ -15,7 +15,8 @@ It prints:
 - the parts of each recovery, from the lines the driver timestamps as they
   come (worker clocks and the driver's are one machine's): detection (the
   kill to the launcher's line), stopping the other worker (to the
-  launcher's restart line), process start (to the worker's first line), TensorFlow import and cluster set-up, the
+  launcher's restart line), process start (to the worker's first line),
+  TensorFlow import and cluster set-up, the
   restore (`fit` start to `BackupAndRestore`'s restore), the first step
   (restore to the first step, mostly tracing), and the work lost (the
   steps since the backup, at the uninterrupted run's step time);
