@@ -277,3 +277,26 @@ def _is_own(optimizer, variable):
         or variable.trainable
         or any(name in variable.path for name in own_names)
     )
+
+
+def test_a_corrupt_backup_falls_back_to_the_previous_with_its_own_state(
+    tmp_path, capsys
+):
+    # Keras's `double_checkpoint`: the weights of epoch 2 are unreadable,
+    # so Keras restores epoch 1's; the state files of that step are kept.
+    def double():
+        callback = keras.callbacks.BackupAndRestore(
+            str(tmp_path), double_checkpoint=True
+        )
+        return WorkerBackup(callback, topology(), str(tmp_path))
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(agn_model(), double(), InterruptAtEpoch(2))
+    (tmp_path / "latest.weights.h5").write_bytes(b"not an HDF5 file")
+    resumed = agn_model()
+    fit(resumed, double(), epochs=2)
+    assert (
+        "at epoch 2 (optimizer step 3), made on 1 workers, resumed on 1"
+        in capsys.readouterr().out
+    )
+    assert int(resumed.optimizer.iterations) == 6
