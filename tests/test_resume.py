@@ -19,6 +19,7 @@ import keras_clones
 from keras_clones.multi_worker import agreement
 from keras_clones.multi_worker.backup import STATE_DIRECTORY
 from keras_clones.multi_worker.backup import WorkerBackup
+from keras_clones.multi_worker.backup import for_this_worker
 
 
 def topology(worker=0, workers=1):
@@ -300,3 +301,16 @@ def test_a_corrupt_backup_falls_back_to_the_previous_with_its_own_state(
         in capsys.readouterr().out
     )
     assert int(resumed.optimizer.iterations) == 6
+
+
+def test_a_subclass_of_backup_and_restore_is_refused_across_workers(
+    tmp_path,
+):
+    class Mine(keras.callbacks.BackupAndRestore):
+        pass
+
+    with pytest.raises(TypeError, match="Received: Mine. Pass `keras"):
+        for_this_worker(Mine(str(tmp_path)), topology(), str(tmp_path))
+    plain = keras.callbacks.BackupAndRestore(str(tmp_path))
+    ours = for_this_worker(plain, topology(), str(tmp_path))
+    assert isinstance(ours, WorkerBackup)

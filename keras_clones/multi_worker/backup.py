@@ -46,6 +46,22 @@ def agn_optimizer(optimizer):
     return optimizer
 
 
+def for_this_worker(callback, strategy, directory):
+    """`callback`, a `keras.callbacks.BackupAndRestore`, as this worker
+    runs it (a `WorkerBackup`); a subclass of it is refused, as its
+    overrides would be lost."""
+    if type(callback) is not keras.callbacks.BackupAndRestore:
+        raise TypeError(
+            "Across workers keras_clones runs `keras.callbacks."
+            "BackupAndRestore` itself on every worker, saving each worker's "
+            "own state beside the chief's backup, so a subclass's overrides "
+            f"would not run. Received: {type(callback).__name__}. Pass "
+            "`keras.callbacks.BackupAndRestore(backup_dir, ...)`, and put "
+            "what the subclass adds in a callback of its own."
+        )
+    return WorkerBackup(callback, strategy, directory)
+
+
 class WorkerBackup(keras.callbacks.BackupAndRestore):
     """`callback`, a `keras.callbacks.BackupAndRestore`, as this worker runs
     it across workers.

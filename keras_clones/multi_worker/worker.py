@@ -80,7 +80,7 @@ def _chiefs(strategy, callbacks):
     """The chief's callbacks: a `BackupAndRestore` saves each worker's own
     state beside its backup (`backup.WorkerBackup`)."""
     return [
-        backup.WorkerBackup(c, strategy, c.backup_dir)
+        backup.for_this_worker(c, strategy, c.backup_dir)
         if isinstance(c, keras.callbacks.BackupAndRestore)
         else c
         for c in callbacks
@@ -96,7 +96,7 @@ def _other_workers(strategy, callbacks, scratch):
         directory = os.path.join(scratch, str(i))
         if isinstance(callback, keras.callbacks.BackupAndRestore):
             copy = files.copy_of_backup(callback.backup_dir, directory)
-            mine.append(backup.WorkerBackup(callback, strategy, copy))
+            mine.append(backup.for_this_worker(callback, strategy, copy))
         else:
             mine.append(files.redirected(callback, directory))
     return mine
