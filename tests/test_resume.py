@@ -314,3 +314,17 @@ def test_a_subclass_of_backup_and_restore_is_refused_across_workers(
     plain = keras.callbacks.BackupAndRestore(str(tmp_path))
     ours = for_this_worker(plain, topology(), str(tmp_path))
     assert isinstance(ours, WorkerBackup)
+
+
+def test_restore_worker_state_checks_its_arguments():
+    model = agn_model()
+    fit(model, epochs=1)
+    optimizer = model.optimizer
+    kinds, arrays = optimizer.worker_state()
+    for wrong in (0, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="`replicas_before` must be"):
+            optimizer.restore_worker_state(kinds, arrays, wrong)
+    with pytest.raises(ValueError, match="Received 3 kinds for"):
+        optimizer.restore_worker_state(kinds[:3], arrays, 1)
+    with pytest.raises(ValueError, match="Received None kinds for"):
+        optimizer.restore_worker_state(None, arrays, 1)

@@ -490,6 +490,14 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 the backup was made starts its period from the centers.
             replicas_before: The replicas the backup was made on.
         """
+        if isinstance(replicas_before, bool) or not (
+            isinstance(replicas_before, int) and replicas_before >= 1
+        ):
+            raise ValueError(
+                "`replicas_before` must be the number of replicas (workers) "
+                "the backup was made on, an integer of at least 1. "
+                f"Received: replicas_before={replicas_before!r}."
+            )
         own = self._own_entries()
         if arrays is not None:
             worker_state.check_fits(own, kinds, arrays)

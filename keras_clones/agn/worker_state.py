@@ -88,6 +88,13 @@ def read(own):
 def check_fits(own, kinds, arrays):
     """Raises a `ValueError` unless a backup's `kinds` and `arrays` are the
     state the entries `own` hold."""
+    if kinds is None or len(kinds) != len(arrays):
+        raise ValueError(
+            "A worker's state is its kinds and its arrays, one kind per "
+            f"array. Received {None if kinds is None else len(kinds)} kinds "
+            f"for {len(arrays)} arrays: pass both as `worker_state()` "
+            "returned them."
+        )
     saved = [(k, tuple(a.shape[1:])) for k, a in zip(kinds, arrays)]
     here = [(e.kind, tuple(e.variable.shape)) for e in own]
     if saved != here:
