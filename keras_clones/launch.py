@@ -123,9 +123,11 @@ optimizer step S" at its first step after a resume):
     SIGKILL; training again 9.8 s after its death
 
 With --min-workers M too, a worker that fails to start (exits before the
-chief's first step) --max-restarts times in a row is left out: the workers
-start again one fewer (the last index goes), down to M, and resume the
-backup made on more workers.
+chief's first step, which its BackupAndRestore prints) --max-restarts
+times in a row is left out: the workers start again one fewer (the last
+index goes), if that leaves at least M, and resume the backup made on more
+workers. Those failed starts use the restarts: one worker at most is left
+out.
 
 With --ps N, the script runs once, as the coordinator, with TF_CONFIG
 naming a cluster of one chief (itself), WORKERS workers and N parameter
@@ -211,9 +213,12 @@ def launch(
         min_workers: Across workers, with `max_restarts`: when a worker
             fails to start (exits before the chief's first step)
             `max_restarts` times in a row, the workers start again one
-            fewer, down to `min_workers` (the last index is left out; each
-            resumes a backup made on more workers as `BackupAndRestore`
-            does across workers). None: always all `workers`.
+            fewer if that leaves at least `min_workers` (the last index is
+            left out; each resumes a backup made on more workers as
+            `BackupAndRestore` does across workers). The failed starts use
+            the restarts, so one worker at most is left out; the chief's
+            first step is the line its `BackupAndRestore` prints. None:
+            always all `workers`.
 
     With `max_restarts`, a summary line also tells each restart: which
     worker failed and how, and how long after its death training went on
@@ -819,8 +824,8 @@ def main(argv=None):
         metavar="M",
         help=(
             "with --max-restarts: a worker that fails to start --max-restarts "
-            "times in a row is left out, and training goes on with fewer "
-            "workers, down to M (default: all of them)"
+            "times in a row is left out, and training goes on with one "
+            "worker fewer, if that leaves at least M (default: all of them)"
         ),
     )
     parser.add_argument(

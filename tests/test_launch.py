@@ -824,6 +824,7 @@ def test_a_restart_without_a_resume_says_so(tmp_path, capsys):
 def test_the_launcher_knows_the_line_a_resumed_chief_prints():
     from keras_clones.multi_worker import backup
 
+    assert launch_module._TRAINING == backup.TRAINING
     assert launch_module._TRAINING_AGAIN == backup.TRAINING_AGAIN
 
 

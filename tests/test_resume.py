@@ -328,3 +328,40 @@ def test_restore_worker_state_checks_its_arguments():
         optimizer.restore_worker_state(kinds[:3], arrays, 1)
     with pytest.raises(ValueError, match="Received None kinds for"):
         optimizer.restore_worker_state(None, arrays, 1)
+
+
+def test_a_lone_worker_without_tf_config_is_worker_0(tmp_path):
+    stand_in = topology()
+    stand_in.cluster_resolver.task_id = None  # No TF_CONFIG.
+    callback = keras.callbacks.BackupAndRestore(str(tmp_path))
+    assert WorkerBackup(callback, stand_in, str(tmp_path)).worker == 0
+
+
+def test_state_files_of_later_steps_are_removed_at_a_save(tmp_path):
+    # Left by a run that went further before this one resumed earlier:
+    # they must not crowd out this run's previous step.
+    (tmp_path / STATE_DIRECTORY).mkdir(parents=True)
+    stale = tmp_path / STATE_DIRECTORY / "step_99.worker_0_of_1.npz"
+    stale.write_bytes(b"")
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(agn_model(), backup(tmp_path), InterruptAtEpoch(2))
+    assert sorted(os.listdir(tmp_path / STATE_DIRECTORY)) == [
+        "step_3.worker_0_of_1.npz",
+        "step_6.worker_0_of_1.npz",
+    ]
+
+
+def test_without_agn_only_the_chiefs_stamp_is_needed(tmp_path, capsys):
+    # Synchronous training saves no worker state: a backup whose other
+    # worker's stamp is missing resumes, and says on how many it was made.
+    def sgd_model():
+        model = mlp(extra_losses=False)
+        model.compile(
+            keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy"
+        )
+        return model
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(sgd_model(), backup(tmp_path, workers=2), InterruptAtEpoch(2))
+    fit(sgd_model(), backup(tmp_path, workers=2), epochs=3)
+    assert "made on 2 workers, resumed on 2." in capsys.readouterr().out

@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
+from keras_clones import optimizer_capabilities
 from keras_clones.agn import AGNOptimizer
 
 STATE_DIRECTORY = "keras_clones_workers"
@@ -41,9 +42,8 @@ _NAME = re.compile(r"step_(\d+)\.worker_(\d+)_of_(\d+)\.npz$")
 def agn_optimizer(optimizer):
     """The `AGNOptimizer` `optimizer` is or wraps (a `LossScaleOptimizer`),
     or None."""
-    while optimizer is not None and not isinstance(optimizer, AGNOptimizer):
-        optimizer = getattr(optimizer, "inner_optimizer", None)
-    return optimizer
+    optimizer = optimizer_capabilities.unwrapped(optimizer)
+    return optimizer if isinstance(optimizer, AGNOptimizer) else None
 
 
 def for_this_worker(callback, strategy, directory):
@@ -82,7 +82,8 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
         )
         self.shared_dir = os.fspath(callback.backup_dir)
         self.state_dir = os.path.join(self.shared_dir, STATE_DIRECTORY)
-        self.worker = strategy.cluster_resolver.task_id
+        # None for a lone worker without TF_CONFIG.
+        self.worker = strategy.cluster_resolver.task_id or 0
         self.workers = strategy.num_replicas_in_sync
         self.is_chief = bool(strategy.extended.should_checkpoint)
         self._epoch = 0
@@ -114,7 +115,7 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
         self._write_own(step)
         super()._save_model()
         if self.is_chief:
-            self._keep_the_last_two_steps()
+            self._keep_the_last_two_steps(step)
 
     def _write_own(self, step):
         stamp = {"step": step, "epoch": self._epoch, "workers": self.workers}
@@ -149,11 +150,14 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
                     saved.setdefault(step, {})[worker] = (workers, path)
         return saved
 
-    def _keep_the_last_two_steps(self):
-        # Two: Keras's `double_checkpoint` may fall back to the previous.
+    def _keep_the_last_two_steps(self, step):
+        """Removes the files of steps after `step` (left by a run this one
+        resumed from an earlier backup) and of all but the last two up to
+        it (Keras's `double_checkpoint` may fall back to the previous)."""
         saved = self._saved()
-        for step in sorted(saved)[:-2]:
-            for _, path in saved[step].values():
+        earlier = sorted(s for s in saved if s <= step)
+        for old in earlier[:-2] + [s for s in saved if s > step]:
+            for _, path in saved[old].values():
                 tf.io.gfile.remove(path)
 
     # Restoring.
@@ -165,8 +169,8 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
             return  # Nothing was backed up: training starts.
         step = int(self.model.optimizer.iterations.numpy())
         files = self._saved().get(step, {})
-        before = self._check_complete(step, files)
         agn = agn_optimizer(self.model.optimizer)
+        before = self._check_complete(step, files, agn is not None)
         if agn is not None and before is not None:
             kinds = arrays = None
             if self.worker < before:
@@ -175,10 +179,10 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
         self._resumed = True
         if self.is_chief:
             print(self._said(metadata, step, before, agn), flush=True)
-        if metadata.get("batch"):
+        if self.save_freq != "epoch":
             warnings.warn(
                 f"The backup in {self.shared_dir!r} was made after batch "
-                f"{metadata['batch']} of epoch {metadata['epoch'] + 1}, "
+                f"{metadata['batch'] + 1} of epoch {metadata['epoch'] + 1}, "
                 "and Keras resumes at an epoch's start: that epoch's first "
                 "batches are trained again, so the resumed run is not the "
                 "uninterrupted one. For an exact resume back up at epochs' "
@@ -186,7 +190,7 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
                 stacklevel=2,
             )
 
-    def _check_complete(self, step, files):
+    def _check_complete(self, step, files, every_worker):
         """The number of workers the backup was made on, after checking
         that every one's file is there and stamped alike; None for a backup
         without stamps (made in one process, or by an older keras_clones).
@@ -212,7 +216,10 @@ class WorkerBackup(keras.callbacks.BackupAndRestore):
                 )
             )
         before = workers.pop()
-        missing = sorted(set(range(before)) - set(files))
+        # Without AGN the files are stamps only, and a worker's may not be
+        # written yet when the chief's backup is (nothing waits for it).
+        needed = range(before) if every_worker else ()
+        missing = sorted(set(needed) - set(files))
         if missing:
             raise ValueError(
                 self._incomplete(
