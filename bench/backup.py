@@ -173,27 +173,16 @@ def main():
         worker(args.worker, args.rounds, args.units)
         return
     with tempfile.TemporaryDirectory() as out:
-        command = [
-            sys.executable,
-            launching.launch_script(),
-            "--workers",
-            "2",
-            os.path.abspath(__file__),
-            "--worker",
-            out,
-            "--rounds",
-            str(args.rounds),
-            "--units",
-            str(args.units),
-        ]
+        arguments = [os.path.abspath(__file__), "--worker", out]
+        arguments += ["--rounds", str(args.rounds), "--units", str(args.units)]
         env = dict(
             os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"
         )
-        code, lines = launching.run_process(command, 1800, env=env)
-        results = [line for line in lines if "RESULTS " in line]
-        if code or not results:
+        code, lines = launching.run_launch(2, arguments, 1800, env=env)
+        results = launching.printed_result(lines, "[worker 0] RESULTS ")
+        if code or results is None:
             sys.exit("\n".join(lines[-40:]))
-        report(json.loads(results[0].split("RESULTS ", 1)[1]))
+        report(results)
 
 
 if __name__ == "__main__":

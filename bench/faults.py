@@ -126,11 +126,7 @@ def kill_steps(epochs, kills):
 def run(period, epochs, kills):
     """One launch; returns its wall time, accuracy and recoveries."""
     with tempfile.TemporaryDirectory() as out:
-        command = [
-            sys.executable,
-            launching.launch_script(),
-            "--workers",
-            "2",
+        arguments = [  # This --grace-period overrides run_launch's.
             "--grace-period",
             "0",
             "--max-restarts",
@@ -150,8 +146,9 @@ def run(period, epochs, kills):
         )
         lines = []
         start = time.time()
-        code, _ = launching.run_process(
-            command,
+        code, _ = launching.run_launch(
+            2,
+            arguments,
             1800,
             env=env,
             on_line=lambda line: lines.append((time.time(), line)),
