@@ -8,8 +8,11 @@ STAMP := $(VENV)/.installed
 # Keras 3 alone.
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
+# Keras on JAX, with no TensorFlow in it: the tests in tests_jax.
+JAX_VENV := .venv-jax
+JAX_STAMP := $(JAX_VENV)/.installed
 
-.PHONY: setup demo test test-fast test-bench format bench bench-faults bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap clean conformance
+.PHONY: setup demo test test-fast test-jax test-bench format bench bench-faults bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,21 +22,32 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+$(JAX_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(JAX_VENV)
+	$(JAX_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(JAX_VENV)/bin/python -m pip install --quiet -e ".[jax,test-jax]"
+	touch $(JAX_STAMP)
+
 demo: setup
 	$(BIN)/python examples/train_digits.py
 
 # The timing-sensitive tests (marked alone) first, beside nothing; then
 # the rest on two pytest-xdist workers (CI has 2 cores), the tests that
 # start clusters of processes in one group, one after another; the 15
-# slowest tests last.
+# slowest tests last; then the JAX backend's tests, in their own venv.
 PYTEST := $(BIN)/python -m pytest
 PARALLEL := -n 2 --dist loadgroup
 
-test: setup
+test: setup $(JAX_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(PYTEST) -m alone
 	$(PYTEST) $(PARALLEL) -m "not alone" --durations=15
+	$(JAX_VENV)/bin/python -m pytest tests_jax
+
+# AGNOptimizer on Keras's JAX backend (tests_jax), without TensorFlow.
+test-jax: $(JAX_STAMP)
+	$(JAX_VENV)/bin/python -m pytest tests_jax
 
 # The edit loop: the in-process tests only (no clusters of processes).
 test-fast: setup
@@ -102,4 +116,4 @@ conformance: $(CONFORMANCE_STAMP)
 	$(BIN)/python tests/conformance/run.py $(CONFORMANCE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) build *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) $(JAX_VENV) build *.egg-info

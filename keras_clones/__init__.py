@@ -1,8 +1,10 @@
 """keras_clones: TensorFlow 1's multi-device training machinery for Keras 3.
 
-It imports under any Keras backend; what it offers needs the TensorFlow
-backend for now, and says so where it is used (`keras_clones.CloneModel`,
-`keras_clones.AGNOptimizer`, ...), not at import.
+It imports under any Keras backend. `AGNOptimizer` and
+`callbacks.PostInitCopy` run under TensorFlow and JAX; the rest needs the
+TensorFlow backend for now, and says so where it is used
+(`keras_clones.CloneModel`, `keras_clones.callbacks.InfNanCheck`, ...),
+not at import.
 
 `python -m keras_clones.launch` and `python -m keras_clones.cost_model`
 import this package first, while `sys.argv[0]` is still `"-m"` (Python's
@@ -26,32 +28,21 @@ __all__ = [
 ]
 
 
-def _needs_tensorflow(name, backend):
-    return ImportError(
-        f"`keras_clones.{name}` needs the TensorFlow backend of Keras, but "
-        f"Keras is set to the {backend!r} backend. Set the environment "
-        "variable KERAS_BACKEND=tensorflow before importing keras (or set "
-        '"backend": "tensorflow" in ~/.keras/keras.json). Under other '
-        "backends, only `python -m keras_clones.launch` and "
-        "`keras_clones.cost_model` run."
-    )
-
-
 if sys.argv[:1] != ["-m"]:
-    import keras
+    from keras_clones import callbacks
+    from keras_clones._tensorflow import ON_TENSORFLOW
+    from keras_clones._tensorflow import needs_tensorflow
+    from keras_clones.agn import AGNOptimizer
 
-    _BACKEND = keras.backend.backend()
-    if _BACKEND == "tensorflow":
-        from keras_clones import callbacks
+    if ON_TENSORFLOW:
         from keras_clones import step_hooks
-        from keras_clones.agn import AGNOptimizer
         from keras_clones.clone_model import CloneModel
         from keras_clones.deployment import DeploymentConfig
     else:
 
         def __getattr__(name):
-            if name in __all__:  # All but `ComputedStep`, a record.
-                raise _needs_tensorflow(name, _BACKEND)
+            if name in __all__:  # The TensorFlow-only ones.
+                raise needs_tensorflow(f"`keras_clones.{name}`")
             raise AttributeError(
                 f"module 'keras_clones' has no attribute {name!r}"
             )

@@ -18,14 +18,19 @@ import json
 import threading
 
 import keras
-import tensorflow as tf
-from keras.src.backend.tensorflow.optimizer import TFOptimizer
-from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+from keras.src.backend.common.stateless_scope import get_stateless_scope
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 from keras.src.utils.tracking import no_automatic_dependency_tracking
-from tensorflow.core.framework import attr_value_pb2
+
+from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones._tensorflow import tf
+
+if ON_TENSORFLOW:  # Keras's TensorFlow backend; absent under the others.
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    from tensorflow.core.framework import attr_value_pb2
 
 __all__ = [
     "Functional",
@@ -48,7 +53,9 @@ __all__ = [
     "initial_epoch",
     "on_this_process",
     "own_variables",
+    "scope_values",
     "should_evaluate",
+    "stateless_scope_within",
     "stateless_copy",
     "symbolic_build",
     "track_variable",
@@ -58,16 +65,19 @@ __all__ = [
 
 # `{"module:class" of keras_clones: (the Keras class that defines and calls
 # them, (the Keras private methods it overrides, ...))}`.
-OVERRIDDEN_PRIVATE_METHODS = {
-    "keras_clones:CloneModel": (
-        TensorFlowTrainer,
-        ("_maybe_symbolic_build", "_resolve_auto_jit_compile"),
-    ),
-    "keras_clones.multi_worker.backup:WorkerBackup": (
-        keras.callbacks.BackupAndRestore,
-        ("_save_model", "_load_model"),
-    ),
-}
+# (Under another backend, only the classes that exist there.)
+OVERRIDDEN_PRIVATE_METHODS = {}
+if ON_TENSORFLOW:
+    OVERRIDDEN_PRIVATE_METHODS = {
+        "keras_clones:CloneModel": (
+            TensorFlowTrainer,
+            ("_maybe_symbolic_build", "_resolve_auto_jit_compile"),
+        ),
+        "keras_clones.multi_worker.backup:WorkerBackup": (
+            keras.callbacks.BackupAndRestore,
+            ("_save_model", "_load_model"),
+        ),
+    }
 
 
 # Models (Keras's `Trainer` and `Layer`).
@@ -232,11 +242,12 @@ _THROUGH_TF_VARIABLES = (
     "_backend_update_step",
     "stateless_apply",
 )
-_StatelessTFOptimizer = type(
-    "_StatelessTFOptimizer",
-    (TFOptimizer,),
-    {name: getattr(BaseOptimizer, name) for name in _THROUGH_TF_VARIABLES},
-)
+if ON_TENSORFLOW:
+    _StatelessTFOptimizer = type(
+        "_StatelessTFOptimizer",
+        (TFOptimizer,),
+        {name: getattr(BaseOptimizer, name) for name in _THROUGH_TF_VARIABLES},
+    )
 _STATELESS_CLASSES = {}
 
 
@@ -252,12 +263,14 @@ def stateless_copy(optimizer):
     overrides (Nadam's, Muon's) still come first.
     """
     cls = type(optimizer)
+    config = optimizer.get_config()
+    config["learning_rate"] = 0.0
+    if not ON_TENSORFLOW:  # The other backends' optimizers are stateless.
+        return cls.from_config(config)
     if cls not in _STATELESS_CLASSES:
         _STATELESS_CLASSES[cls] = type(
             f"Stateless{cls.__name__}", (cls, _StatelessTFOptimizer), {}
         )
-    config = optimizer.get_config()
-    config["learning_rate"] = 0.0
     return _STATELESS_CLASSES[cls].from_config(config)
 
 
@@ -265,3 +278,34 @@ def keep_unlowered(op):
     """Keeps `op`, a functional `If` of `tf.cond`, from being lowered to
     Switch and Merge (TensorFlow's private attribute, as XLA keeps it)."""
     op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+
+
+# Stateless scopes (Keras's `StatelessScope`, for backends whose
+# conditionals cannot assign).
+
+
+def stateless_scope_within(writes, values):
+    """A `keras.StatelessScope` in which every variable reads as it does
+    where it is entered (through an enclosing stateless scope's values, if
+    any), but `writes` read `values`; it records assignments on its own."""
+    scope = keras.StatelessScope(state_mapping=list(zip(writes, values)))
+    enclosing = get_stateless_scope()
+    if enclosing is not None:
+        for key, value in enclosing.state_mapping.items():
+            scope.state_mapping.setdefault(key, value)
+    return scope
+
+
+def scope_values(scope, writes):
+    """The values of `writes` in `scope` (a `stateless_scope_within`);
+    fails if it recorded an assignment to any other variable."""
+    allowed = {id(v) for v in writes}
+    enclosing = get_stateless_scope()
+    outside = enclosing.state_mapping if enclosing is not None else {}
+    for key, value in scope.state_mapping.items():
+        if key not in allowed and outside.get(key) is not value:
+            raise AssertionError(
+                "A conditional update assigned a variable it did not list "
+                "in `writes`; its assignment would be lost."
+            )
+    return [scope.get_current_value(v) for v in writes]

@@ -2,15 +2,19 @@
 
 An `AGNOptimizer`'s period engine and a training step's guard update
 variables only where a predicate holds (a period ends, a step is finite).
-They say so through `run_if` alone, so that a backend without assignments
-inside conditionals can provide a form that returns the new values instead.
-On TensorFlow it is a side-effecting `tf.cond`, as the graphs have always
-had, so that they do not grow.
+They say so through `run_if` alone. On TensorFlow it is a side-effecting
+`tf.cond`, as the graphs have always had, so that they do not grow. Under
+Keras's other backends (JAX), whose conditionals cannot assign, each
+branch runs in a `keras.StatelessScope` that reads every variable as its
+caller does, and returns the new values of the variables it may write
+(`writes`), which are assigned after the conditional.
 """
 
-import tensorflow as tf
+import keras
 
 from keras_clones import _keras_internals as internals
+from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones._tensorflow import tf
 
 
 def _none():
@@ -58,9 +62,12 @@ def _device_of(graph, tensor):
     return tf.DeviceSpec.from_string(tensor.op.device or "").to_string()
 
 
-def run_if(pred, update, otherwise=None):
+def run_if(pred, update, otherwise=None, writes=None):
     """Runs `update()` where `pred` (a scalar boolean tensor) holds, else
     `otherwise()` (if given), for what they assign.
+
+    Under another backend than TensorFlow, `writes` lists every variable
+    the branches may assign (an assignment to any other fails).
 
     In a replica context of a strategy with several replicas, where the
     branches may call `merge_call` (as an optimizer's `apply` does), the
@@ -70,6 +77,9 @@ def run_if(pred, update, otherwise=None):
     branches communicate (an all-reduce).
     """
     otherwise = otherwise or _none
+    if not ON_TENSORFLOW:
+        _run_if_returning_values(pred, update, otherwise, writes)
+        return
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         _cond(pred, update, otherwise)
@@ -84,3 +94,22 @@ def run_if(pred, update, otherwise=None):
         )
 
     context.merge_call(cross_replica, args=(pred,))
+
+
+def _run_if_returning_values(pred, update, otherwise, writes):
+    """`run_if` where conditionals cannot assign: each branch returns the
+    values of `writes`, which are assigned after it."""
+    writes = list(writes or ())
+    before = [v.value for v in writes]
+
+    def branch(fn):
+        def values():
+            with internals.stateless_scope_within(writes, before) as scope:
+                fn()
+            return internals.scope_values(scope, writes)
+
+        return values
+
+    after = keras.ops.cond(pred, branch(update), branch(otherwise))
+    for variable, value in zip(writes, after):
+        variable.assign(value)

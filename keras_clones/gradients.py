@@ -7,18 +7,39 @@ their gradient as their value)."""
 import warnings
 
 import keras
-import tensorflow as tf
+
+from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones._tensorflow import tf
+
+
+def read(value):
+    """A variable's value now, as a tensor (`keras.ops.convert_to_tensor`
+    keeps a TensorFlow variable, which later ops would read later)."""
+    if ON_TENSORFLOW:
+        return tf.convert_to_tensor(value)
+    return keras.ops.convert_to_tensor(value)
+
+
+def dense(grad):
+    """`grad` as a dense tensor (an `IndexedSlices` scattered)."""
+    if ON_TENSORFLOW:
+        return tf.convert_to_tensor(grad)
+    return grad
 
 
 def values(grad):
     """The numbers of `grad`: a dense gradient itself, or its rows."""
-    return grad.values if isinstance(grad, tf.IndexedSlices) else grad
+    return grad.values if _sparse(grad) else grad
+
+
+def _sparse(grad):
+    return ON_TENSORFLOW and isinstance(grad, tf.IndexedSlices)
 
 
 def map_values(fn, grad):
     """`fn` applied to the numbers of `grad`, an `IndexedSlices` kept
     sparse (the same rows)."""
-    if isinstance(grad, tf.IndexedSlices):
+    if _sparse(grad):
         return tf.IndexedSlices(fn(grad.values), grad.indices, grad.dense_shape)
     return fn(grad)
 
@@ -51,6 +72,8 @@ def has_value(variable):
     """False for a variable created in the `tf.function` being traced (a
     model built by its first step): the function initializes it when it
     first runs."""
+    if not ON_TENSORFLOW:  # Keras builds models eagerly there.
+        return True
     return bool(tf_variable(variable).is_initialized())
 
 
@@ -69,9 +92,13 @@ def _as_gradient(grad, variable):
     as given; a Python or NumPy number or array as a tensor of the
     variable's dtype, before any update (a conversion that fails changes
     nothing)."""
-    if isinstance(grad, (tf.Tensor, tf.IndexedSlices)):
+    if ON_TENSORFLOW:
+        if isinstance(grad, (tf.Tensor, tf.IndexedSlices)):
+            return grad
+        return tf.cast(tf.convert_to_tensor(grad), variable.dtype)
+    if keras.ops.is_tensor(grad):
         return grad
-    return tf.cast(tf.convert_to_tensor(grad), variable.dtype)
+    return keras.ops.cast(keras.ops.convert_to_tensor(grad), variable.dtype)
 
 
 def with_gradients(grads, variables, warn=True):

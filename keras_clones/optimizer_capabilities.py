@@ -8,7 +8,8 @@ Never by type: an optimizer offers a capability by having the attribute
 import contextlib
 
 import keras
-import tensorflow as tf
+
+from keras_clones._tensorflow import tf
 
 
 def unwrapped(optimizer):

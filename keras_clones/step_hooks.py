@@ -24,10 +24,9 @@ so a `fit` traces at most once more than it would without them.
 
 import typing
 
-import tensorflow as tf
-
 from keras_clones import gradients
 from keras_clones import optimizer_capabilities
+from keras_clones._tensorflow import tf
 from keras_clones.conditional import run_if
 
 

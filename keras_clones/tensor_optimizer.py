@@ -12,7 +12,6 @@ its outer optimizer, on each fragment's slice of the centers.
 import warnings
 
 import keras
-import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
 
@@ -96,4 +95,6 @@ class TensorOptimizer:
             learning_rate = learning_rate.value
         elif callable(learning_rate):
             learning_rate = learning_rate()
-        return tf.cast(learning_rate, self._stateless.learning_rate.dtype)
+        return keras.ops.cast(
+            learning_rate, self._stateless.learning_rate.dtype
+        )

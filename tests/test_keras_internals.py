@@ -329,3 +329,17 @@ def test_keep_unlowered_keeps_an_if_a_function_call_that_still_runs():
     step(tf.constant(True))
     step(tf.constant(False))
     assert float(variable.numpy()) == 1.0
+
+
+def test_a_scope_within_reads_as_its_caller_and_refuses_unlisted_writes():
+    read, written, unlisted = (keras.Variable(0.0) for _ in range(3))
+    outer = [(read, 1.0), (written, 2.0), (unlisted, 3.0)]
+    with keras.StatelessScope(state_mapping=outer):
+        with internals.stateless_scope_within([written], [5.0]) as scope:
+            written.assign(read + written)  # 1 + 5, not 0 + 2.
+        assert float(internals.scope_values(scope, [written])[0]) == 6.0
+        with internals.stateless_scope_within([written], [5.0]) as scope:
+            unlisted.assign(7.0)
+        with pytest.raises(AssertionError, match="did not list"):
+            internals.scope_values(scope, [written])
+    assert float(written.numpy()) == 0.0  # Nothing was assigned.

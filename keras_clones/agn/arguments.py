@@ -7,9 +7,10 @@ import warnings
 import weakref
 
 import keras
-import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
+from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones._tensorflow import tf
 
 # Options of the base optimizer that a wrapper does not take itself: they
 # belong on the inner optimizer, as `LossScaleOptimizer` also requires.
@@ -150,6 +151,14 @@ def device_list(global_device):
     """`global_device` as a list of device strings ([None]: no device)."""
     if global_device is None:
         return [None]
+    if not ON_TENSORFLOW:
+        raise ValueError(
+            "`global_device` places the global centers on TensorFlow "
+            f"devices, but Keras runs on the {keras.backend.backend()!r} "
+            "backend, where the centers are placed as Keras places every "
+            "optimizer variable (`keras.distribution`). Remove "
+            f"`global_device` (received: {global_device!r})."
+        )
     devices = [global_device] if isinstance(global_device, str) else None
     if isinstance(global_device, (list, tuple)) and global_device:
         devices = list(global_device)

@@ -26,64 +26,33 @@ local step alone (across workers, with a period longer than 1) counts it
 in the optimizer's own state; the count is reduced and reported to the
 guard at the next commit, so that every worker reports alike.
 
-Conditional updates go through `conditional.run_if`; what needs a
-distribution strategy reads it from the context (`tf.distribute`).
+Where each part runs (a replica, the cross-replica context), how commits
+are reduced and conditional updates made, is the backend's
+(`replicas.StrategyReplicas` on TensorFlow, `replicas.OneReplica` under
+JAX); overlapped commits around an execution and their flush in a
+`tf.function` are TensorFlow's alone.
 """
 
 import contextlib
 
+import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
+from keras_clones._tensorflow import tf
 from keras_clones.agn.fragment import NOTHING
 from keras_clones.agn.fragment import RECEIVED
 from keras_clones.agn.fragment import SENT
-from keras_clones.conditional import run_if
 from keras_clones.step_hooks import Step
 
 
-def replica_context():
-    """The replica context an AGN step runs in; refuses where AGN cannot."""
-    strategy = tf.distribute.get_strategy()
-    replicas = strategy.num_replicas_in_sync
-    devices = len(strategy.extended.worker_devices) if replicas > 1 else 1
-    if replicas > devices > 1:
-        raise NotImplementedError(
-            "AGNOptimizer trains across workers with one replica per "
-            f"worker, but this worker has {devices} devices. Give each "
-            "worker one device (the default CPU) and split its batch "
-            "across its devices with a CloneModel."
-        )
-    context = tf.distribute.get_replica_context()
-    if context is None:
-        raise ValueError(
-            "An AGNOptimizer's step (`apply`) must run in a replica "
-            "context, e.g. inside `strategy.run`, as `fit` runs it."
-        )
-    return context
-
-
-def across_workers():
-    """Whether the current strategy trains across workers, one replica
-    each: then each worker takes local steps on its own gradients."""
-    strategy = tf.distribute.get_strategy()
-    replicas = strategy.num_replicas_in_sync
-    return replicas > 1 and len(strategy.extended.worker_devices) == 1
-
-
-def skips_alone(schedule):
-    """Whether in the current strategy a worker skips a non-finite local
-    step alone, counted at the next commit: across workers, with a period
+def skips_alone(schedule, replicas):
+    """Whether a worker skips a non-finite local step alone, counted at the
+    next commit: across workers (`replicas.across_workers`), with a period
     longer than 1 (with a period of 1 the step is the commit, and the
     workers skip it together)."""
-    return schedule.period > 1 and across_workers()
-
-
-def _read_own(variable):
-    """This replica's value of a variable it holds alone."""
-    return tf.identity(gradients.tf_variable(variable))
+    return schedule.period > 1 and replicas.across_workers
 
 
 def _in_a_step(strategy, fn):
@@ -108,6 +77,7 @@ class PeriodEngine:
             skipped local step is reported as).
         count_iterations: Counts `n` steps in the optimizer's
             `iterations`.
+        replicas: Where the step's parts run (`replicas.for_this_backend`).
     """
 
     def __init__(
@@ -119,12 +89,14 @@ class PeriodEngine:
         mixing,
         iterations,
         count_iterations,
+        replicas,
     ):
         self.rule = rule
         self.schedule = schedule
         self.inner_optimizer = inner_optimizer
         self.state = state
         self.mixing = mixing
+        self.replicas = replicas
         self._iterations = iterations
         self._count_iterations = count_iterations
         self._hooks = None  # The step hooks the traced step ends periods with.
@@ -143,45 +115,51 @@ class PeriodEngine:
         """One local step in a replica context: `grads` applied to
         `variables` where `applied` (a boolean tensor, or None: always),
         then counted, and the period's end where the schedule says."""
-        context = replica_context()
+        replicas = self.replicas
+        replicas.check_step_context()
         kept = [v for v in variables if not gradients.overwrites(v)]
-        context.merge_call(lambda _: self._start_from_model(kept))
+        replicas.merge_call(self._start_from_model, kept)
         if applied is None:
             self._local_update(grads, variables)
         else:
-            run_if(applied, lambda: self._local_update(grads, variables))
-            if skips_alone(self.schedule):
+            replicas.run_if(
+                applied, lambda: self._local_update(grads, variables)
+            )
+            if skips_alone(self.schedule, replicas):
                 self._count_skip(applied)
         pairs = gradients.with_gradients(grads, variables, warn=False)
         pairs = [(g, v) for g, v in pairs if not gradients.overwrites(v)]
-        context.merge_call(self._count_step, args=(pairs, hooks, applied))
+        replicas.merge_call(self._count_step, pairs, hooks, applied)
         self._count_iterations(1)
 
     def _start_from_model(self, variables):
         # On the first step the centers take the model's values: weights
         # loaded after `build` are the ones to train from.
-        distribution = tf.distribute.get_strategy()
+        replicas = self.replicas
+        writes = []
 
         def copy_model_into_centers():
             for variable in variables:
                 state = self.state.of(variable)
-                gradients.assign_in_cross_replica(
-                    distribution, state.center, variable
-                )
+                replicas.assign(state.center, variable)
                 if state.period_start is not None:
-                    gradients.assign_in_cross_replica(
-                        distribution, state.period_start, variable
-                    )
+                    replicas.assign(state.period_start, variable)
 
-        run_if(tf.equal(self.state.local_step, 0), copy_model_into_centers)
+        for variable in variables:
+            state = self.state.of(variable)
+            writes += [state.center, state.period_start]
+        replicas.run_if(
+            keras.ops.equal(self.state.local_step, 0),
+            copy_model_into_centers,
+            writes=[w for w in writes if w is not None],
+        )
 
     def _local_update(self, grads, variables):
         grads, variables = gradients.overwrite_with_gradients(
             *zip(*gradients.with_gradients(grads, variables, warn=False))
         )
-        strategy = tf.distribute.get_strategy()
-        workers = strategy.num_replicas_in_sync
-        if across_workers():
+        workers = self.replicas.count
+        if self.replicas.across_workers:
             # Workers train locally between synchronisations, each on the
             # gradient of its own batch (Keras divides it by the workers).
             with internals.without_gradient_all_reduce(self.inner_optimizer):
@@ -197,23 +175,24 @@ class PeriodEngine:
         if self.accumulates:
             for variable, grad in zip(variables, grads):
                 self.state.of(variable).accumulator.assign_add(
-                    tf.convert_to_tensor(grad)
+                    gradients.dense(grad)
                 )
 
     def _count_skip(self, applied):
+        read_own = self.replicas.read_own
         skipped = tf.logical_not(applied)
         state = self.state
         state.skipped.assign_add(tf.cast(skipped, "float32"))
-        first = tf.logical_and(skipped, _read_own(state.first_skipped) < 0)
+        first = tf.logical_and(skipped, read_own(state.first_skipped) < 0)
         state.first_skipped.assign(
             tf.where(
                 first,
                 tf.cast(self._iterations, "int64"),
-                _read_own(state.first_skipped),
+                read_own(state.first_skipped),
             )
         )
 
-    def _count_step(self, distribution, pairs, hooks, applied):
+    def _count_step(self, pairs, hooks, applied):
         self.state.local_step.assign_add(1)
         schedule = self.schedule
         if schedule.period == 1:
@@ -223,16 +202,16 @@ class PeriodEngine:
             if applied is None:
                 end()
             else:
-                run_if(distribution.experimental_local_results(applied)[0], end)
+                self.replicas.run_if(self.replicas.first(applied), end)
             return
         if schedule.delay:
             self._remember(hooks)
             if self._execution_ends_periods:
                 return  # `commits_around_execution` ends the period.
-        step = gradients.tf_variable(self.state.local_step)
+        step = gradients.read(self.state.local_step)
         for index, ends in schedule.ending(step):
             fragment = self.state.fragments[index]
-            run_if(ends, self._period_end(fragment, pairs, hooks))
+            self.replicas.run_if(ends, self._period_end(fragment, pairs, hooks))
 
     def _period_end(self, fragment, pairs, hooks):
         """What ends `fragment`'s period in a step whose gradients are
@@ -268,15 +247,14 @@ class PeriodEngine:
         if commit is not None:
             self._apply_given_commit(fragment, commit, hooks)
             return
-        distribution = tf.distribute.get_strategy()
         if delay:
-            self._hold_in_flight(distribution, fragment, hooks)
+            self._hold_in_flight(fragment, hooks)
             return
-        distribution.extended.call_for_each_replica(
-            self._reduce_and_move, args=(fragment, hooks, grads)
+        self.replicas.for_each_replica(
+            self._reduce_and_move, fragment, hooks, grads
         )
         # The fragment of the local weights takes the (same) centers.
-        fragment.assign(distribution, "variable", fragment.gather("center"))
+        fragment.assign(self.replicas, "variable", fragment.gather("center"))
 
     def _reduce_and_move(self, fragment, hooks, grads):
         """In a replica: the workers' commits of the fragment's period,
@@ -309,9 +287,7 @@ class PeriodEngine:
         Keras has divided by the replicas, a mean of weight changes), in
         `communication_dtype`."""
         rule = self.rule
-        reduced = tf.distribute.get_replica_context().all_reduce(
-            rule.reduce_op, rule.to_send(values)
-        )
+        reduced = self.replicas.all_reduce(rule.reduce_op, rule.to_send(values))
         return rule.received(reduced, [v.dtype for v in values])
 
     def _move_centers(self, fragment, reduced, hooks):
@@ -321,11 +297,13 @@ class PeriodEngine:
         applied = None
         if hooks is not None:
             applied = hooks.judge_update(reduced, fragment.checked_variables())
-        move = lambda: fragment.move_centers(self.rule, reduced)  # noqa: E731
+        move = lambda: fragment.move_centers(  # noqa: E731
+            self.rule, reduced, self.replicas
+        )
         if applied is None:
             move()
         else:
-            run_if(applied, move)
+            self.replicas.run_if(applied, move)
 
     def _apply_given_commit(self, fragment, commit, hooks):
         centers = fragment.field("center")
@@ -345,7 +323,7 @@ class PeriodEngine:
         if applied is None or self.schedule.period > 1:
             end()
         else:
-            run_if(applied, end)
+            self.replicas.run_if(applied, end)
         self.state.local_step.assign_add(self.schedule.period)
         self._count_iterations(self.schedule.period)
 
@@ -358,14 +336,15 @@ class PeriodEngine:
         if (
             hooks is None
             or hooks.guard is None
-            or not skips_alone(self.schedule)
+            or not skips_alone(self.schedule, self.replicas)
         ):
             return
         state = self.state
+        read_own = self.replicas.read_own
         mine = tf.stack(
             [
-                tf.cast(_read_own(state.skipped), "int64"),
-                _read_own(state.first_skipped),
+                tf.cast(read_own(state.skipped), "int64"),
+                read_own(state.first_skipped),
             ]
         )
         every = tf.distribute.get_replica_context().all_gather(mine[None], 0)
@@ -386,47 +365,43 @@ class PeriodEngine:
         self.end_period(fragment, 1, self._hooks)
         self._receive(fragment)
 
-    def _hold_in_flight(self, distribution, fragment, hooks):
+    def _hold_in_flight(self, fragment, hooks):
         """Applies the commit received, holds this period's in flight (sent,
         not yet reduced), and mixes the local weights with the centers."""
+        replicas = self.replicas
         self._receive(fragment)  # One sent is never lost.
-        received = tf.equal(fragment.phase, RECEIVED)
-        run_if(
+        received = keras.ops.equal(fragment.phase, RECEIVED)
+        replicas.run_if(
             received,
-            lambda: distribution.extended.call_for_each_replica(
-                self._move_received, args=(fragment, hooks)
+            lambda: replicas.for_each_replica(
+                self._move_received, fragment, hooks
             ),
         )
-        distribution.extended.call_for_each_replica(
-            self._send, args=(fragment, hooks)
-        )
+        replicas.for_each_replica(self._send, fragment, hooks)
         if self.rule.commit == "weight_change":
-            local = distribution.extended.call_for_each_replica(
+            local = replicas.for_each_replica(
                 lambda: fragment.gather("variable")
             )
-            fragment.assign(distribution, "period_start", local)
-        run_if(received, lambda: self._mix(distribution, fragment))
+            fragment.assign(replicas, "period_start", local)
+        replicas.run_if(received, lambda: self._mix(fragment))
         fragment.phase.assign(SENT)
 
     def _receive(self, fragment):
         """All-reduces the fragment's commit in flight in place, if only
         sent (cross-replica)."""
-        distribution = tf.distribute.get_strategy()
 
         def receive():
-            distribution.extended.call_for_each_replica(
-                self._reduce_in_flight, args=(fragment,)
-            )
+            self.replicas.for_each_replica(self._reduce_in_flight, fragment)
             fragment.phase.assign(RECEIVED)
 
-        run_if(tf.equal(fragment.phase, SENT), receive)
+        self.replicas.run_if(keras.ops.equal(fragment.phase, SENT), receive)
 
     def _reduce_in_flight(self, fragment):
-        sent = fragment.gather("in_flight", read=_read_own)
+        sent = fragment.gather("in_flight", read=self.replicas.read_own)
         fragment.assign_here("in_flight", self._all_reduce(sent))
 
     def _move_received(self, fragment, hooks):
-        received = fragment.gather("in_flight", read=_read_own)
+        received = fragment.gather("in_flight", read=self.replicas.read_own)
         self._move_centers(fragment, received, hooks)
 
     def _send(self, fragment, hooks):
@@ -439,11 +414,12 @@ class PeriodEngine:
         if self.accumulates:
             fragment.restart_accumulators()
 
-    def _mix(self, distribution, fragment):
+    def _mix(self, fragment):
         """The fragment's local weights become `mixing * local + (1 -
         mixing) * center` (then constrained); its period's start moves
         with them, so that its commit is only what its local steps did."""
         mixing = self.mixing
+        replicas = self.replicas
 
         def mix_on_replica():
             local = fragment.gather("variable")
@@ -453,11 +429,9 @@ class PeriodEngine:
             ]
             return local, mixed
 
-        before, mixed = distribution.extended.call_for_each_replica(
-            mix_on_replica
-        )
-        fragment.assign(distribution, "variable", mixed)
-        self._constrain(distribution, fragment)
+        before, mixed = replicas.for_each_replica(mix_on_replica)
+        fragment.assign(replicas, "variable", mixed)
+        self._constrain(fragment)
         if self.rule.commit == "weight_change":
 
             def moved_start(before):
@@ -465,27 +439,25 @@ class PeriodEngine:
                 local = fragment.gather("variable")
                 return [s + v - b for s, v, b in zip(starts, local, before)]
 
-            moved = distribution.extended.call_for_each_replica(
-                moved_start, args=(before,)
-            )
-            fragment.assign(distribution, "period_start", moved)
+            moved = replicas.for_each_replica(moved_start, before)
+            fragment.assign(replicas, "period_start", moved)
 
-    def _constrain(self, distribution, fragment):
+    def _constrain(self, fragment):
         """The constraints of the variables the fragment touches."""
         variables = fragment.field("variable")
         for index in fragment.part.touched():
             variable = variables[index]
             if variable.constraint is None:
                 continue
-            value = distribution.extended.call_for_each_replica(
-                lambda v: v.constraint(tf.convert_to_tensor(v)),
-                args=(variable,),
+            value = self.replicas.for_each_replica(
+                lambda v: v.constraint(gradients.read(v)),
+                variable,
             )
-            gradients.assign_in_cross_replica(distribution, variable, value)
+            self.replicas.assign(variable, value)
 
     @contextlib.contextmanager
     def commits_around_execution(self, strategy):
-        """See `AGNOptimizer.commits_around_execution`."""
+        """See `AGNOptimizer.commits_around_execution` (TensorFlow)."""
         local_step = gradients.tf_variable(self.state.local_step)
         first_step = local_step.read_value()
         for fragment in self.state.fragments:
@@ -511,7 +483,7 @@ class PeriodEngine:
         hooks = self._hooks
         for index, ends in self.schedule.ending(last_step):
             fragment = self.state.fragments[index]
-            run_if(
+            self.replicas.run_if(
                 tf.logical_and(moved, ends),
                 lambda f=fragment: _in_a_step(
                     strategy, lambda: self.end_period(f, 1, hooks)
@@ -521,14 +493,28 @@ class PeriodEngine:
     def in_flight(self):
         """Whether a commit is in flight (read on the host)."""
         return any(
-            int(f.phase.numpy()) != NOTHING for f in self.state.fragments
+            int(keras.ops.convert_to_numpy(f.phase)) != NOTHING
+            for f in self.state.fragments
         )
 
     def apply_in_flight(self, strategy):
         """Applies the commits in flight (see
-        `AGNOptimizer.apply_in_flight_commit`)."""
+        `AGNOptimizer.apply_in_flight_commit`): on TensorFlow in a
+        `tf.function` in `strategy`'s replica, else at once."""
+        if strategy is None:
+            self._flush_in_flight(self._hooks)
+            return
         with strategy.scope():
             self._flush_function(strategy)()
+
+    def _flush_in_flight(self, hooks):
+        for fragment in self.state.fragments:
+            self._receive(fragment)
+            self.replicas.run_if(
+                keras.ops.equal(fragment.phase, RECEIVED),
+                lambda f=fragment: self._apply_received(f, hooks),
+            )
+            fragment.phase.assign(NOTHING)
 
     def _flush_function(self, strategy):
         """`apply_in_flight`'s function, traced once for the hooks the
@@ -536,30 +522,16 @@ class PeriodEngine:
         hooks = self._hooks
         if self._flush is not None and self._flush[0] is hooks:
             return self._flush[1]
-
-        def flush():
-            distribution = tf.distribute.get_strategy()
-            for fragment in self.state.fragments:
-                self._receive(fragment)
-                run_if(
-                    tf.equal(fragment.phase, RECEIVED),
-                    lambda f=fragment: self._apply_received(
-                        distribution, f, hooks
-                    ),
-                )
-                fragment.phase.assign(NOTHING)
-
         function = tf.function(
-            lambda: _in_a_step(strategy, flush), autograph=False
+            lambda: _in_a_step(strategy, lambda: self._flush_in_flight(hooks)),
+            autograph=False,
         )
         self._flush = (hooks, function)
         return function
 
-    def _apply_received(self, distribution, fragment, hooks):
-        distribution.extended.call_for_each_replica(
-            self._move_received, args=(fragment, hooks)
-        )
-        self._mix(distribution, fragment)
+    def _apply_received(self, fragment, hooks):
+        self.replicas.for_each_replica(self._move_received, fragment, hooks)
+        self._mix(fragment)
 
     # Outside a step.
 
@@ -569,7 +541,7 @@ class PeriodEngine:
         `Schedule.synchronised_at`): every center that differs from its
         variable in `variables` takes its value, its accumulator restarts
         and its period's start follows. Returns the states copied."""
-        step = int(self.state.local_step.numpy())
+        step = int(keras.ops.convert_to_numpy(self.state.local_step))
         if step and not (period_ends and self.schedule.synchronised_at(step)):
             return []
         ids = {id(v) for v in variables}
@@ -577,12 +549,12 @@ class PeriodEngine:
         for state in self.state.states:
             if id(state.variable) not in ids:
                 continue
-            value = state.variable.numpy()
-            if np.array_equal(state.center.numpy(), value):
+            value = keras.ops.convert_to_numpy(state.variable)
+            if np.array_equal(keras.ops.convert_to_numpy(state.center), value):
                 continue
             state.center.assign(value)
             if state.accumulator is not None:
-                state.accumulator.assign(tf.zeros_like(value))
+                state.accumulator.assign(np.zeros_like(value))
             if state.period_start is not None:
                 state.period_start.assign(value)
             copied.append(state)

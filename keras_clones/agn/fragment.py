@@ -16,8 +16,8 @@ So with fragments the outer optimizer must update each element on its own
 weight decay or norm clipping, which look at whole variables).
 """
 
+import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_clones import gradients
 
@@ -35,18 +35,18 @@ class WholeVariables:
         return self._indices
 
     def gather(self, values):
-        return [tf.convert_to_tensor(v) for v in values]
+        return [gradients.read(v) for v in values]
 
     def zeros(self, variables):
-        return [tf.zeros_like(v) for v in variables]
+        return [keras.ops.zeros(v.shape, v.dtype) for v in variables]
 
     def assign_here(self, variables, parts):
         for variable, part in zip(variables, parts):
             variable.assign(part)
 
-    def assign(self, distribution, variables, parts):
+    def assign(self, replicas, variables, parts):
         for variable, part in zip(variables, parts):
-            gradients.assign_in_cross_replica(distribution, variable, part)
+            replicas.assign(variable, part)
 
 
 class FlatPieces:
@@ -63,9 +63,9 @@ class FlatPieces:
 
     def gather(self, values):
         return [
-            tf.concat(
+            keras.ops.concatenate(
                 [
-                    tf.reshape(values[index], [-1])[start:end]
+                    keras.ops.reshape(values[index], [-1])[start:end]
                     for index, start, end in self.pieces
                 ],
                 0,
@@ -73,7 +73,7 @@ class FlatPieces:
         ]
 
     def zeros(self, variables):
-        return [tf.zeros([self.size], variables[0].dtype)]
+        return [keras.ops.zeros([self.size], variables[0].dtype)]
 
     def _replaced(self, value, index, flat):
         """`value` (a variable's tensor) with its piece taken from
@@ -81,11 +81,11 @@ class FlatPieces:
         offset = 0
         for piece_index, start, end in self.pieces:
             if piece_index == index:
-                old = tf.reshape(value, [-1])
+                old = keras.ops.reshape(value, [-1])
                 new = flat[offset : offset + end - start]
-                return tf.reshape(
-                    tf.concat([old[:start], new, old[end:]], 0),
-                    tf.shape(value),
+                return keras.ops.reshape(
+                    keras.ops.concatenate([old[:start], new, old[end:]], 0),
+                    keras.ops.shape(value),
                 )
             offset += end - start
         raise AssertionError(f"No piece of variable {index}.")
@@ -96,19 +96,14 @@ class FlatPieces:
             variable = variables[index]
             variable.assign(self._replaced(variable.value, index, flat))
 
-    def assign(self, distribution, variables, parts):
+    def assign(self, replicas, variables, parts):
         (flat,) = parts
         for index in self.touched():
 
             def piece(var, flat, index=index):
                 return var.assign(self._replaced(var, index, flat))
 
-            distribution.extended.update(
-                gradients.tf_variable(variables[index]),
-                piece,
-                args=(flat,),
-                group=False,
-            )
+            replicas.update(variables[index], piece, flat)
 
 
 def cut(variables, count):
@@ -171,10 +166,10 @@ class Fragment:
         only (variables a replica holds alone)."""
         self.part.assign_here(self.field(name), parts)
 
-    def assign(self, distribution, name, parts):
+    def assign(self, replicas, name, parts):
         """Assigns `parts` (per replica, or the same) to the fragment of
-        field `name` (cross-replica)."""
-        self.part.assign(distribution, self.field(name), parts)
+        field `name` (cross-replica, on `replicas`)."""
+        self.part.assign(replicas, self.field(name), parts)
 
     def restart_accumulators(self):
         """The fragment's accumulators restart from zero (in a replica)."""
@@ -188,9 +183,9 @@ class Fragment:
             return centers
         return [centers[self.part.touched()[0]]]
 
-    def move_centers(self, rule, reduced):
-        """In a replica: the workers' `reduced` commit moves the fragment's
-        centers, through its outer optimizer."""
+    def move_centers(self, rule, reduced, replicas):
+        """In a replica of `replicas`: the workers' `reduced` commit moves
+        the fragment's centers, through its outer optimizer."""
         centers = self.field("center")
         if self.whole:
             rule.move_centers(self.outer, reduced, centers)
@@ -200,18 +195,14 @@ class Fragment:
         moved, state = self.outer.step(
             start, reduced, state, self.outer.iteration(state)
         )
-        tf.distribute.get_replica_context().merge_call(
-            self._assign_centers, args=(moved, state)
-        )
+        replicas.merge_call(self._assign_centers, replicas, moved, state)
 
-    def _assign_centers(self, distribution, moved, state):
-        self.assign(distribution, "center", moved)
+    def _assign_centers(self, replicas, moved, state):
+        self.assign(replicas, "center", moved)
         centers = self.field("center")
         for index in self.part.touched():
             center = centers[index]
             if center.constraint is not None:
-                gradients.assign_in_cross_replica(
-                    distribution, center, center.constraint(center.value)
-                )
+                replicas.assign(center, center.constraint(center.value))
         for variable, value in zip(self.outer_state, state):
-            gradients.assign_in_cross_replica(distribution, variable, value)
+            replicas.assign(variable, value)

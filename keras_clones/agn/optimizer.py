@@ -5,19 +5,29 @@ over the period engine (`engine.PeriodEngine`)."""
 import contextlib
 
 import keras
+import ml_dtypes
 import numpy as np
-import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
+from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones._tensorflow import tf
 from keras_clones.agn import arguments
 from keras_clones.agn import engine
+from keras_clones.agn import replicas
 from keras_clones.agn import worker_state
 from keras_clones.agn.rule import CommitRule
 from keras_clones.agn.schedule import Schedule
+from keras_clones.agn.state import COUNTER_DTYPE
 from keras_clones.agn.state import StateBuilder
 from keras_clones.step_hooks import Step
 from keras_clones.step_hooks import StepHooks
+
+
+def _itemsize(dtype):
+    """The bytes of one number of `dtype` (bfloat16 included)."""
+    name = keras.backend.standardize_dtype(dtype)
+    return np.dtype(getattr(ml_dtypes, name, name)).itemsize
 
 
 @keras.saving.register_keras_serializable(package="keras_clones")
@@ -195,6 +205,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             communication_period, self.fragments, 1 if overlap else 0
         )
         self._step_hooks = StepHooks()
+        self._replicas = replicas.for_this_backend(self._state_and_model)
         arguments.remember_wrapper(self, (optimizer, outer_optimizer))
 
     @property
@@ -223,7 +234,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             return
         # Outside any function being traced, where `apply` or a
         # `LossScaleOptimizer`'s step may call it: state is created once.
-        with tf.init_scope():
+        with tf.init_scope() if ON_TENSORFLOW else contextlib.nullcontext():
             self._build(var_list)
         # Where Keras builds a bare optimizer (in the first step's trace, for
         # a model built by that step): their `build` may read the variables.
@@ -244,7 +255,13 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             self.mixing,
             self.iterations,
             lambda steps: internals.increment_iterations(self, steps),
+            self._replicas,
         )
+
+    def _state_and_model(self):
+        """Every variable a step may assign: the optimizers' and the
+        model's."""
+        return self.variables + list(internals.built_variables(self))
 
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         """Excludes variables from weight decay, in both optimizers.
@@ -355,7 +372,9 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         for state in self._state.states:
             dtype = self.communication_dtype or state.variable.dtype
             size = int(np.prod(state.variable.shape))
-            total += size * tf.dtypes.as_dtype(dtype).size
+            total += (
+                size * np.dtype(keras.backend.standardize_dtype(dtype)).itemsize
+            )
         return total
 
     def _state_for(self, variable, what):
@@ -411,10 +430,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         commit is ever in flight: 0 (a vector of zeros with fragments)."""
         phases = [f.phase for f in self._state.fragments]
         if phases[0] is None:
-            phases = [tf.constant(0, "int64")] * len(phases)
+            phases = [0] * len(phases)
+        phases = [keras.ops.cast(p, COUNTER_DTYPE) for p in phases]
         if len(phases) == 1:
-            return tf.convert_to_tensor(phases[0])
-        return tf.stack([tf.convert_to_tensor(p) for p in phases])
+            return phases[0]
+        return keras.ops.stack(phases)
 
     def assign_global_centers(self, var_list=None):
         """Copies the global centers into their variables.
@@ -440,7 +460,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 # The period's commit stays what its local steps did.
                 start = state.period_start
                 start.assign(start + state.center - variable)
-            variable.assign(state.center)
+            variable.assign(keras.ops.copy(state.center))
 
     def start_from_model(self, var_list, period_ends=False):
         """Before the first step, as the first step does (for training
@@ -534,7 +554,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                     "optimizer must already be built."
                 )
             trainable_variables = internals.built_variables(self)
-        engine.replica_context()  # Checks where it is called.
+        self._replicas.check_step_context()
         trainable_variables = list(trainable_variables)
         self.build(trainable_variables)
         pairs = gradients.with_gradients(list(grads), trainable_variables)
@@ -560,7 +580,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             step_hooks: The `keras_clones.step_hooks.StepHooks` of the
                 caller, or None.
         """
-        engine.replica_context()  # Checks where it is called.
+        self._replicas.check_step_context()
         trainable_variables = list(trainable_variables)
         self.build(trainable_variables)
         self._check_built_on(trainable_variables)
@@ -578,7 +598,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         local step alone, counted at the next commit: across workers, with
         a period longer than 1. With a period of 1 every step commits, and
         the workers skip a step together, as in synchronous training."""
-        return engine.skips_alone(self._schedule)
+        return engine.skips_alone(self._schedule, self._replicas)
 
     def apply_commit(self, commit, var_list, step_hooks=None, applied=None):
         """Applies one period's `commit` (a gradient per variable, by this
@@ -626,7 +646,10 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         # The same on every worker: they skip it alike.
         if not self.overlap or not self.built or not self._engine.in_flight():
             return
-        self._engine.apply_in_flight(internals.distribution_strategy(self))
+        strategy = None  # Other backends apply it at once.
+        if ON_TENSORFLOW:
+            strategy = internals.distribution_strategy(self)
+        self._engine.apply_in_flight(strategy)
 
     @property
     def learning_rate(self):
@@ -646,12 +669,6 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         # the commit in flight applied.
         self.apply_in_flight_commit()
         self.inner_optimizer.finalize_variable_values(var_list)
-
-    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
-        raise ValueError(
-            "AGNOptimizer runs on the TensorFlow backend, whose optimizers "
-            "have no stateless apply."
-        )
 
     def get_config(self):
         serialize = keras.saving.serialize_keras_object

@@ -11,7 +11,7 @@ skips the move is theirs.
 
 import typing
 
-import tensorflow as tf
+import keras
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
@@ -43,16 +43,17 @@ class CommitRule(typing.NamedTuple):
         else:
             value = start - end
         if self.normalize and self.period > 1:
-            value = value / tf.cast(self.period, value.dtype)
+            value = value / keras.ops.cast(self.period, value.dtype)
         return value
 
     @property
     def reduce_op(self):
         """How the workers' commits combine: summed gradients (Keras
-        divides each worker's by the workers), or the mean weight change."""
+        divides each worker's by the workers), or the mean weight change:
+        `"sum"` or `"mean"`."""
         if self.commit == "gradients":
-            return tf.distribute.ReduceOp.SUM
-        return tf.distribute.ReduceOp.MEAN
+            return "sum"
+        return "mean"
 
     def to_send(self, commits):
         """`commits` as they travel: in `communication_dtype`."""
@@ -75,4 +76,4 @@ class CommitRule(typing.NamedTuple):
 
 def _cast(value, dtype):
     """`value` (dense or `IndexedSlices`) in `dtype`."""
-    return gradients.map_values(lambda v: tf.cast(v, dtype), value)
+    return gradients.map_values(lambda v: keras.ops.cast(v, dtype), value)

@@ -3,7 +3,7 @@ end a period, and whose?"."""
 
 import typing
 
-import tensorflow as tf
+import keras
 
 
 class Schedule(typing.NamedTuple):
@@ -33,13 +33,13 @@ class Schedule(typing.NamedTuple):
             boolean tensor, whether its period ends at `step`.
         """
         if self.fragments == 1:
-            return [(0, tf.equal(step % self.period, 0))]
+            return [(0, keras.ops.equal(step % self.period, 0))]
         share = self.share
         position = step % self.period
-        at_a_share = tf.equal(position % share, 0)
+        at_a_share = keras.ops.equal(position % share, 0)
         fragment = (position // share - 1) % self.fragments
         return [
-            (f, tf.logical_and(at_a_share, tf.equal(fragment, f)))
+            (f, keras.ops.logical_and(at_a_share, keras.ops.equal(fragment, f)))
             for f in range(self.fragments)
         ]
 
@@ -48,9 +48,10 @@ class Schedule(typing.NamedTuple):
         no period's end but, at most, one at `last` itself (a boolean
         tensor): what an execution of the train function may do with
         overlapped commits."""
-        share = tf.constant(self.share, tf.int64)
+        share = keras.ops.convert_to_tensor(self.share, "int64")
         crossed = last // share - first // share
-        return crossed <= tf.cast(tf.equal(last % share, 0), tf.int64)
+        at_a_share = keras.ops.equal(last % share, 0)
+        return crossed <= keras.ops.cast(at_a_share, "int64")
 
     def synchronised_at(self, step):
         """Whether after `step` local steps (an int) the local weights are

@@ -8,12 +8,17 @@ import typing
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
+from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones._tensorflow import tf
 from keras_clones.agn import fragment
 from keras_clones.tensor_optimizer import TensorOptimizer
+
+# Counters are 64 bits on TensorFlow; JAX (without `jax_enable_x64`) has
+# 32-bit integers, as for Keras's own `iterations` ("int").
+COUNTER_DTYPE = "int"
 
 
 def _slot_name(variable, what):
@@ -76,10 +81,10 @@ class StateBuilder:
     def build(self, var_list):
         """The optimizer's state for `var_list` (an `AGNState`)."""
         local_step = self.add_variable(
-            shape=(), dtype="int64", name="local_step"
+            shape=(), dtype=COUNTER_DTYPE, name="local_step"
         )
         rounds = self.add_variable(
-            shape=(), dtype="int64", name="communication_rounds"
+            shape=(), dtype=COUNTER_DTYPE, name="communication_rounds"
         )
         # Variables Keras overwrites with their gradient have no AGN state,
         # as they have no slots in Keras's optimizers.
@@ -116,7 +121,7 @@ class StateBuilder:
         first_skipped = self._add_replica_variable(
             "first_skipped_local_step",
             (),
-            "int64",
+            COUNTER_DTYPE,
             aggregation="only_first_replica",
             initializer=keras.initializers.Constant(-1),
         )
@@ -138,7 +143,7 @@ class StateBuilder:
         center.constraint = variable.constraint
         # Else the first step copies it, as always (`_start_from_model`).
         if gradients.has_value(variable):
-            center.assign(variable)
+            center.assign(keras.ops.copy(variable))
         return center
 
     def _add_own(self, variable, what):
@@ -147,6 +152,8 @@ class StateBuilder:
         flight): read outside a replica (saving, `grad_variable(v).numpy()`)
         it is the sum over replicas. Restoring it gives every replica an
         equal share, which reduces to the same."""
+        if not ON_TENSORFLOW:  # One replica.
+            return self.add_variable_from_reference(variable, what)
         strategy = internals.distribution_strategy(self.optimizer)
         with strategy.extended.colocate_vars_with(
             gradients.tf_variable(variable)
@@ -184,12 +191,12 @@ class StateBuilder:
                 [self.outer_optimizer],
                 [()],
             )
-        dtypes = {tf.as_dtype(v.dtype) for v in centered}
+        dtypes = {keras.backend.standardize_dtype(v.dtype) for v in centered}
         if len(dtypes) > 1 or not centered:
             raise ValueError(
                 "`fragments` needs the trainable variables to have one "
                 f"dtype, but they have the dtypes "
-                f"{sorted(d.name for d in dtypes)}. Use `fragments=1`."
+                f"{sorted(dtypes)}. Use `fragments=1`."
             )
         parts = fragment.cut(centered, self.fragments)
         if min(p.size for p in parts) == 0:
@@ -198,7 +205,7 @@ class StateBuilder:
                 f"{sum(p.size for p in parts)} weights. Use fewer fragments."
             )
         outers, outer_states = [], []
-        dtype = tf.as_dtype(centered[0].dtype).as_numpy_dtype
+        dtype = keras.backend.standardize_dtype(centered[0].dtype)
         for f, part in enumerate(parts):
             flat = keras.Variable(
                 np.zeros(part.size, dtype), name=f"fragment_{f}"
@@ -237,7 +244,7 @@ class StateBuilder:
                 f"fragment_{f}_in_flight_phase" for f in range(self.fragments)
             ]
         phases = [
-            self.add_variable(shape=(), dtype="int64", name=name)
+            self.add_variable(shape=(), dtype=COUNTER_DTYPE, name=name)
             for name in names
         ]
         in_flight = [self._add_own(v, "in_flight") for v in centered]
@@ -249,5 +256,5 @@ class StateBuilder:
     def _add_period_start(self, variable):
         start = self.add_variable_from_reference(variable, "period_start")
         if gradients.has_value(variable):
-            start.assign(variable)
+            start.assign(keras.ops.copy(variable))
         return start

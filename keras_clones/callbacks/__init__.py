@@ -1,5 +1,20 @@
-"""Callbacks for `fit`: post-init copies, inf/nan checks, loss summaries."""
+"""Callbacks for `fit`: post-init copies, inf/nan checks, loss summaries.
 
-from keras_clones.callbacks.inf_nan_check import InfNanCheck
-from keras_clones.callbacks.loss_summaries import LossSummaries
+Under another Keras backend than TensorFlow only `PostInitCopy` runs; the
+others raise an `ImportError` naming the TensorFlow backend at use."""
+
+from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones._tensorflow import needs_tensorflow
 from keras_clones.callbacks.post_init_copy import PostInitCopy
+
+if ON_TENSORFLOW:
+    from keras_clones.callbacks.inf_nan_check import InfNanCheck
+    from keras_clones.callbacks.loss_summaries import LossSummaries
+else:
+
+    def __getattr__(name):
+        if name in ("InfNanCheck", "LossSummaries"):
+            raise needs_tensorflow(f"`keras_clones.callbacks.{name}`")
+        raise AttributeError(
+            f"module 'keras_clones.callbacks' has no attribute {name!r}"
+        )

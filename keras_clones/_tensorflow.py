@@ -1,0 +1,39 @@
+"""TensorFlow, for the modules that also import under Keras's other
+backends: the one place that decides whether they may import it.
+
+Under the TensorFlow backend `tf` is TensorFlow itself. Under another it
+is a stand-in whose every attribute raises an `ImportError` naming the
+TensorFlow backend, so that a TensorFlow-only path reached there says so,
+and TensorFlow, which a JAX install may lack, is never imported.
+"""
+
+import keras
+
+ON_TENSORFLOW = keras.backend.backend() == "tensorflow"
+
+
+def needs_tensorflow(what):
+    """The error for `what` (a sentence's subject) used under another
+    backend."""
+    return ImportError(
+        f"{what} needs the TensorFlow backend of Keras, but Keras is set to "
+        f"the {keras.backend.backend()!r} backend. Set the environment "
+        "variable KERAS_BACKEND=tensorflow before importing keras (or set "
+        '"backend": "tensorflow" in ~/.keras/keras.json). Under other '
+        "backends, `keras_clones.AGNOptimizer`, "
+        "`keras_clones.callbacks.PostInitCopy`, `python -m "
+        "keras_clones.launch` and `keras_clones.cost_model` run."
+    )
+
+
+class _NotOnThisBackend:
+    """Stands for TensorFlow under another backend."""
+
+    def __getattr__(self, name):
+        raise needs_tensorflow(f"`tf.{name}` (a TensorFlow-only path)")
+
+
+if ON_TENSORFLOW:
+    import tensorflow as tf
+else:
+    tf = _NotOnThisBackend()

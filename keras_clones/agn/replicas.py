@@ -1,0 +1,146 @@
+"""Where the parts of an AGN step run: the seam between the period engine
+and a backend.
+
+On TensorFlow (`StrategyReplicas`) a step runs in a replica context of a
+`tf.distribute` strategy (the default one in one process): its
+cross-replica parts run in a merge call, each replica's parts through
+`call_for_each_replica`, and commits are all-reduced. Under Keras's other
+backends (`OneReplica`) there is one replica: `keras.distribution`
+replicates AGN's state and gives the step the global batch's gradients,
+so every part runs where it is called and a reduction is the value itself.
+"""
+
+from keras_clones import gradients
+from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones._tensorflow import tf
+from keras_clones.conditional import run_if
+
+
+class StrategyReplicas:
+    """The replicas of the current `tf.distribute` strategy."""
+
+    @property
+    def _strategy(self):
+        return tf.distribute.get_strategy()
+
+    def check_step_context(self):
+        """Refuses where an AGN step cannot run."""
+        strategy = self._strategy
+        replicas = strategy.num_replicas_in_sync
+        devices = len(strategy.extended.worker_devices) if replicas > 1 else 1
+        if replicas > devices > 1:
+            raise NotImplementedError(
+                "AGNOptimizer trains across workers with one replica per "
+                f"worker, but this worker has {devices} devices. Give each "
+                "worker one device (the default CPU) and split its batch "
+                "across its devices with a CloneModel."
+            )
+        if tf.distribute.get_replica_context() is None:
+            raise ValueError(
+                "An AGNOptimizer's step (`apply`) must run in a replica "
+                "context, e.g. inside `strategy.run`, as `fit` runs it."
+            )
+
+    @property
+    def count(self):
+        return self._strategy.num_replicas_in_sync
+
+    @property
+    def across_workers(self):
+        """Whether the strategy trains across workers, one replica each:
+        then each worker takes local steps on its own gradients."""
+        strategy = self._strategy
+        return (
+            strategy.num_replicas_in_sync > 1
+            and len(strategy.extended.worker_devices) == 1
+        )
+
+    def merge_call(self, fn, *args):
+        """In a replica: `fn(*args)` in the cross-replica context."""
+        context = tf.distribute.get_replica_context()
+        return context.merge_call(lambda _, *a: fn(*a), args=args)
+
+    def for_each_replica(self, fn, *args):
+        """Cross-replica: `fn(*args)` in each replica (per-replica
+        results)."""
+        return self._strategy.extended.call_for_each_replica(fn, args=args)
+
+    def first(self, value):
+        """Cross-replica: the first replica's `value`."""
+        return self._strategy.experimental_local_results(value)[0]
+
+    def assign(self, variable, value):
+        """Cross-replica: `variable` takes `value` (per replica, or the
+        same) on every replica."""
+        gradients.assign_in_cross_replica(self._strategy, variable, value)
+
+    def update(self, variable, fn, value):
+        """Cross-replica: `fn(variable, value)` on each replica's copy."""
+        self._strategy.extended.update(
+            gradients.tf_variable(variable), fn, args=(value,), group=False
+        )
+
+    def all_reduce(self, reduce_op, values):
+        """In a replica: `values` reduced over the replicas (`"sum"` or
+        `"mean"`)."""
+        op = {
+            "sum": tf.distribute.ReduceOp.SUM,
+            "mean": tf.distribute.ReduceOp.MEAN,
+        }
+        context = tf.distribute.get_replica_context()
+        return context.all_reduce(op[reduce_op], values)
+
+    def read_own(self, variable):
+        """In a replica: its own value of a variable it holds alone."""
+        return tf.identity(gradients.tf_variable(variable))
+
+    def run_if(self, pred, update, writes=()):
+        """`conditional.run_if` (`writes` serve other backends)."""
+        run_if(pred, update)
+
+
+class OneReplica:
+    """The one replica of a step under Keras's other backends (JAX), in
+    one process or under `keras.distribution`. `writes` gives the
+    variables a conditional update may assign by default."""
+
+    count = 1
+    across_workers = False
+
+    def __init__(self, writes):
+        self._writes = writes
+
+    def check_step_context(self):
+        pass
+
+    def merge_call(self, fn, *args):
+        return fn(*args)
+
+    def for_each_replica(self, fn, *args):
+        return fn(*args)
+
+    def first(self, value):
+        return value
+
+    def assign(self, variable, value):
+        variable.assign(value)
+
+    def update(self, variable, fn, value):
+        fn(variable, value)
+
+    def all_reduce(self, reduce_op, values):
+        return list(values)
+
+    def read_own(self, variable):
+        return gradients.read(variable)
+
+    def run_if(self, pred, update, writes=None):
+        run_if(
+            pred, update, writes=self._writes() if writes is None else writes
+        )
+
+
+def for_this_backend(writes):
+    """The replicas of this backend's steps; `writes()` lists what a
+    conditional update may assign where that must be said (`OneReplica`)."""
+    return StrategyReplicas() if ON_TENSORFLOW else OneReplica(writes)

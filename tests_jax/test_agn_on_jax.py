@@ -1,0 +1,329 @@
+"""AGNOptimizer on Keras's JAX backend, against AGN by hand
+(tests/reference): the README's recipes through `stateless_apply`, as
+Keras's JAX trainer runs it, and whole models through `fit`, in one
+process and under `keras.distribution.DataParallel` over two devices."""
+
+import subprocess
+import sys
+
+import jax
+import keras
+import numpy as np
+import pytest
+from helpers import INNER_LR
+from helpers import RULES
+from reference import agn
+from reference import models
+from reference import optimizers
+
+from keras_clones import AGNOptimizer
+
+PERIOD, STEPS = 3, 9
+
+
+def values(variables):
+    return [keras.ops.convert_to_numpy(v) for v in variables]
+
+
+def run_stateless(optimizer, variable, grads):
+    """`optimizer`'s steps on `variable` through a jitted `stateless_apply`,
+    its state written back after each; (local, center) after each step."""
+    optimizer.build([variable])
+    step = jax.jit(optimizer.stateless_apply)
+    history = []
+    for g in grads:
+        weights, state = step(
+            values(optimizer.variables),
+            [np.asarray(g, "float32")],
+            [variable.value],
+        )
+        variable.assign(weights[0])
+        for v, value in zip(optimizer.variables, state):
+            v.assign(value)
+        center = optimizer.global_center_variable(variable)
+        history.append((variable.numpy(), keras.ops.convert_to_numpy(center)))
+    return history
+
+
+def recipe_against_the_rule(name, options, start, grads, tolerance):
+    """Recipe `name` of tests/helpers.py with `options`, stepped through
+    `stateless_apply` from `start` on `grads`, checked after every step
+    against AGN by hand; the optimizer, its variable and the hand's
+    trajectory."""
+    recipe, inner, hand_inner, outer, hand_outer = RULES[name]
+    options = dict(recipe, **options)
+    variable = keras.Variable(start.astype("float32"))
+    optimizer = AGNOptimizer(
+        inner(), PERIOD, outer_optimizer=outer and outer(), **options
+    )
+    history = run_stateless(optimizer, variable, grads)
+    by_hand = agn.agn(
+        start,
+        agn.steps_table(grads),
+        len(grads),
+        PERIOD,
+        hand_inner,
+        hand_outer,
+        **options,
+    )
+    for (got_local, got_center), (local, center) in zip(
+        history, by_hand.history, strict=True
+    ):
+        np.testing.assert_allclose(got_local, local[0], **tolerance)
+        np.testing.assert_allclose(got_center, center, **tolerance)
+    return optimizer, variable, by_hand
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_each_recipe_matches_the_rule_by_hand(name, dtype):
+    start = np.array([1.0, -2.0, 0.5])
+    grads = np.random.default_rng(0).normal(size=(STEPS, 3))
+    atol = 1e-5 if dtype is None else 1e-2  # As on TensorFlow.
+    optimizer, _, _ = recipe_against_the_rule(
+        name, {"communication_dtype": dtype}, start, grads, {"atol": atol}
+    )
+    assert int(optimizer.communication_rounds.numpy()) == STEPS // PERIOD
+
+
+@pytest.mark.parametrize("name", ["contrib", "diloco"])
+@pytest.mark.parametrize(
+    "options",
+    [{"overlap": True}, {"fragments": 3}, {"overlap": True, "fragments": 3}],
+    ids=["overlap", "fragments", "both"],
+)
+def test_overlapped_and_fragmented_commits_match_the_rule_by_hand(
+    name, options
+):
+    start = np.linspace(-1.0, 1.0, 6)
+    grads = np.random.default_rng(1).normal(size=(4 * PERIOD, 6))
+    tolerance = {"rtol": 1e-6, "atol": 1e-5}  # As on TensorFlow.
+    optimizer, variable, by_hand = recipe_against_the_rule(
+        name, options, start, grads, tolerance
+    )
+    optimizer.apply_in_flight_commit()  # At the end, as `fit` ends.
+    center = optimizer.global_center_variable(variable)
+    np.testing.assert_allclose(variable.numpy(), by_hand.local[0], **tolerance)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(center), by_hand.center, **tolerance
+    )
+
+
+def test_stateless_apply_returns_what_apply_assigns():
+    grads = np.random.default_rng(2).normal(size=(2 * PERIOD, 3))
+    histories = []
+    for stateless in (True, False):
+        variable = keras.Variable(np.ones(3, "float32"))
+        optimizer = AGNOptimizer(keras.optimizers.Adam(INNER_LR), PERIOD)
+        if stateless:
+            histories.append(run_stateless(optimizer, variable, grads))
+            continue
+        history = []
+        for g in grads:
+            optimizer.apply([g.astype("float32")], [variable])
+            center = optimizer.global_center_variable(variable)
+            history.append((variable.numpy(), center.numpy()))
+        histories.append(history)
+    np.testing.assert_allclose(histories[0], histories[1], rtol=1e-6)
+
+
+BATCH, BATCHES = 8, 12
+
+
+def digits_like_data():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(BATCH * BATCHES, 5)).astype("float32")
+    y = np.tanh(x @ rng.normal(size=(5, 2))).astype("float32")
+    return x, y
+
+
+def mlp():
+    keras.utils.set_random_seed(4)
+    return keras.Sequential(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(4, activation="tanh"),
+            keras.layers.Dense(2),
+        ]
+    )
+
+
+def by_hand_of(model, x, y, steps, period, **options):
+    """AGN(period) with Adam inside and SGD with momentum outside, by
+    hand, from `model`'s weights on (x, y) in order."""
+    start = model.get_weights()
+
+    def gradient(worker, step, weights):
+        batch = slice(step % BATCHES * BATCH, (step % BATCHES + 1) * BATCH)
+        weights = agn.unflat(weights, start)
+        return agn.flat(models.mlp_mse_gradient(weights, x[batch], y[batch]))
+
+    return agn.agn(
+        agn.flat(start),
+        gradient,
+        steps,
+        period,
+        lambda: optimizers.Adam(0.01),
+        lambda: optimizers.SGD(0.5, 0.9),
+        **options,
+    )
+
+
+def agn_adam(period=4, **options):
+    return AGNOptimizer(
+        keras.optimizers.Adam(0.01),
+        period,
+        outer_optimizer=keras.optimizers.SGD(0.5, momentum=0.9),
+        **options,
+    )
+
+
+def centers_of(model):
+    optimizer = model.optimizer
+    return agn.flat(
+        [
+            keras.ops.convert_to_numpy(optimizer.global_center_variable(v))
+            for v in model.trainable_variables
+        ]
+    )
+
+
+@pytest.mark.parametrize("commit", ["gradients", "weight_change"])
+def test_fit_trains_a_model_as_the_rule_by_hand_and_a_second_fit_goes_on(
+    commit,
+):
+    x, y = digits_like_data()
+    model = mlp()
+    by_hand = by_hand_of(model, x, y, 2 * BATCHES, 4, commit=commit)
+    model.compile(agn_adam(commit=commit), "mse")
+    for fits in (1, 2):
+        model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+        local, center = by_hand.history[fits * BATCHES - 1]
+        np.testing.assert_allclose(
+            agn.flat(model.get_weights()), local[0], atol=1e-5
+        )
+        np.testing.assert_allclose(centers_of(model), center, atol=1e-5)
+    optimizer = model.optimizer
+    assert int(optimizer.iterations.numpy()) == 2 * BATCHES
+    assert int(optimizer.communication_rounds.numpy()) == 2 * BATCHES // 4
+    assert optimizer.local_step.dtype == "int32"  # JAX's integers.
+
+
+def test_the_global_model_is_assigned_and_training_goes_on_from_it():
+    # Eager assignments copy: a buffer shared by two variables would be
+    # donated twice by the next `fit`.
+    x, y = digits_like_data()
+    model = mlp()
+    model.compile(agn_adam(), "mse")
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+    model.optimizer.assign_global_centers()
+    np.testing.assert_array_equal(
+        agn.flat(model.get_weights()), centers_of(model)
+    )
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 2 * BATCHES
+
+
+def test_a_saved_model_resumes_mid_period_as_if_never_stopped(tmp_path):
+    x, y = digits_like_data()
+    runs = []
+    for stop in (False, True):
+        model = mlp()
+        model.compile(agn_adam(overlap=True), "mse")
+        model.fit(
+            x, y, batch_size=BATCH, steps_per_epoch=6, shuffle=False, verbose=0
+        )
+        if stop:  # 6 steps: in the middle of the second period.
+            path = tmp_path / "agn.keras"
+            model.save(path)
+            model = keras.saving.load_model(path)
+        model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+        runs.append((model.get_weights(), centers_of(model)))
+    (weights, centers), (weights_resumed, centers_resumed) = runs
+    for a, b in zip(weights, weights_resumed, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(centers, centers_resumed)
+
+
+def test_data_parallel_over_two_devices_trains_as_one_device():
+    # AGN's state is replicated: the step sees the global batch's
+    # gradients, so two devices train the global-batch AGN of one.
+    assert len(jax.devices()) == 2
+    x, y = digits_like_data()
+    results = []
+    for distribution in (None, keras.distribution.DataParallel()):
+        keras.distribution.set_distribution(distribution)
+        try:
+            model = mlp()
+            optimizer = agn_adam(overlap=True, fragments=2)
+            model.compile(optimizer, "mse")
+            optimizer.build(model.trainable_variables)
+            built = len(optimizer.variables)
+            model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+            assert len(optimizer.variables) == built  # None made later.
+            results.append((model.get_weights(), centers_of(model)))
+        finally:
+            keras.distribution.set_distribution(None)
+    (one, one_centers), (two, two_centers) = results
+    for a, b in zip(one, two, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_allclose(one_centers, two_centers, atol=1e-6)
+
+
+def test_global_device_is_refused_under_jax():
+    with pytest.raises(ValueError, match="Remove `global_device`"):
+        AGNOptimizer(keras.optimizers.SGD(0.1), 2, global_device="/cpu:0")
+
+
+def test_keras_clones_imports_without_tensorflow_and_names_what_needs_it():
+    code = (
+        "import sys, keras_clones\n"
+        "print(keras_clones.AGNOptimizer.__name__)\n"
+        "print('tensorflow' in sys.modules)\n"
+        "keras_clones.CloneModel\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True
+    )
+    assert result.stdout.split() == ["AGNOptimizer", "False"]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "ImportError: `keras_clones.CloneModel` needs the TensorFlow backend "
+        "of Keras, but Keras is set to the 'jax' backend."
+    )
+    with pytest.raises(ImportError):
+        import tensorflow  # noqa: F401  (This venv has none.)
+
+
+def test_an_agn_checkpoint_saved_on_tensorflow_loads_as_trained_on_jax():
+    # tests/test_agn_across_backends.py checks the other way.
+    from data import agn_checkpoint
+
+    agn_checkpoint.check_loads_as_trained_here("tensorflow", "int32")
+
+
+def test_post_init_copy_makes_the_centers_follow_weights_set_at_a_period_end():
+    from keras_clones.callbacks import PostInitCopy
+
+    x, y = digits_like_data()
+
+    def trained_then_reset(copy):
+        model = mlp()
+        model.compile(agn_adam(period=4), "mse")
+        model.fit(x, y, batch_size=BATCH, steps_per_epoch=4, verbose=0)
+        new = [w + 1.0 for w in model.get_weights()]  # E.g. weights loaded.
+        model.set_weights(new)
+        callbacks = [copy] if copy else []
+        model.fit(x, y, batch_size=BATCH, epochs=0, callbacks=callbacks)
+        centers = centers_of(model)
+        model.fit(x, y, batch_size=BATCH, steps_per_epoch=4, verbose=0)
+        return new, centers, model.get_weights()
+
+    copy = PostInitCopy()
+    new, centers, copied = trained_then_reset(copy)
+    assert len(copy.copied) == len(new)
+    np.testing.assert_array_equal(centers, agn.flat(new))
+    # Without the copy, the next synchronisation returns to the old centers.
+    _, old_centers, lost = trained_then_reset(None)
+    assert not np.allclose(old_centers, agn.flat(new))
+    assert not np.allclose(agn.flat(copied), agn.flat(lost), atol=0.1)
