@@ -187,6 +187,7 @@ def measure(args):
         model.fit(
             Repeated(x, y, args.size[3])(),
             steps_per_epoch=PERIOD,
+            shuffle=False,
             verbose=0,
         )
     runs = []
@@ -279,7 +280,12 @@ def memory_of(name, args):
     """One contender's peak after a few steps, in this process alone."""
     x, y = data(args.size)
     model = compiled(name, 1, args.size)
-    model.fit(Repeated(x, y, args.size[3])(), steps_per_epoch=PERIOD, verbose=0)
+    model.fit(
+        Repeated(x, y, args.size[3])(),
+        steps_per_epoch=PERIOD,
+        shuffle=False,
+        verbose=0,
+    )
     peak, where = peak_bytes()
     print(
         json.dumps(

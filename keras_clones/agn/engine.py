@@ -211,7 +211,11 @@ class PeriodEngine:
         step = gradients.read(self.state.local_step)
         for index, ends in schedule.ending(step):
             fragment = self.state.fragments[index]
-            self.replicas.run_if(ends, self._period_end(fragment, pairs, hooks))
+            self.replicas.run_if(
+                ends,
+                self._period_end(fragment, pairs, hooks),
+                writes=[self.state.rounds, *fragment.variables_written()],
+            )
 
     def _period_end(self, fragment, pairs, hooks):
         """What ends `fragment`'s period in a step whose gradients are

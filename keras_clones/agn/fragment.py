@@ -171,6 +171,23 @@ class Fragment:
         field `name` (cross-replica, on `replicas`)."""
         self.part.assign(replicas, self.field(name), parts)
 
+    def variables_written(self):
+        """Every variable the end of the fragment's period may assign: its
+        fields, its outer optimizer's state and its phase."""
+        fields = ("center", "variable", "accumulator", "in_flight")
+        written = [
+            v
+            for name in (*fields, "period_start")
+            for v in self.field(name)
+            if v is not None
+        ]
+        if self.whole:
+            written += self.outer.variables
+        written += self.outer_state
+        if self.phase is not None:
+            written.append(self.phase)
+        return written
+
     def restart_accumulators(self):
         """The fragment's accumulators restart from zero (in a replica)."""
         accumulators = self.field("accumulator")

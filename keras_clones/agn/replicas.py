@@ -101,14 +101,16 @@ class StrategyReplicas:
 
 class OneReplica:
     """The one replica of a step under Keras's other backends (JAX), in
-    one process or under `keras.distribution`. `writes` gives the
-    variables a conditional update may assign by default."""
+    one process or under `keras.distribution`. `writes()` gives the
+    variables a conditional update may assign by default; inside one, what
+    the enclosing one may."""
 
     count = 1
     across_workers = False
 
     def __init__(self, writes):
         self._writes = writes
+        self._enclosing = []  # The writes of the conditionals we are in.
 
     def check_step_context(self):
         pass
@@ -135,9 +137,17 @@ class OneReplica:
         return gradients.read(variable)
 
     def run_if(self, pred, update, writes=None):
-        run_if(
-            pred, update, writes=self._writes() if writes is None else writes
-        )
+        if writes is None:
+            writes = self._enclosing[-1] if self._enclosing else self._writes()
+
+        def within():
+            self._enclosing.append(writes)
+            try:
+                update()
+            finally:
+                self._enclosing.pop()
+
+        run_if(pred, within, writes=writes)
 
 
 def for_this_backend(writes):
