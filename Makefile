@@ -12,7 +12,7 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 JAX_VENV := .venv-jax
 JAX_STAMP := $(JAX_VENV)/.installed
 
-.PHONY: setup demo test test-fast test-jax test-bench format bench bench-faults bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap clean conformance
+.PHONY: setup demo test test-fast test-jax bench-agn-jax test-bench format bench bench-faults bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,10 @@ bench: setup
 
 bench-agn: setup
 	$(BIN)/python bench/agn.py
+
+# On a GPU host: about 100M parameters at batch 2048 (--quick on a CPU).
+bench-agn-jax: $(JAX_STAMP)
+	$(JAX_VENV)/bin/python bench/agn_jax.py $(BENCH_ARGS)
 
 bench-agn-rounds: setup
 	$(BIN)/python bench/agn_rounds.py
