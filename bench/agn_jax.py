@@ -13,14 +13,23 @@ How: every contender is a plain `keras.Model` with the same initial
 weights and its own fresh optimizer, warmed up by one short `fit` (which
 compiles the step). Then R rounds run the contenders round robin (A B C
 ... A B C ...), each round one `fit` epoch of a fixed number of steps (a
-multiple of the period and of `steps_per_execution`), timed from
-`on_epoch_begin` to `on_epoch_end`, so that machine noise hits all
-contenders alike. It prints the best-of and median steps per second, the
-ratios AGN / bare Adam at the same `steps_per_execution` (best-of, median,
-per-round median), and bare Adam's achieved bytes per second: Adam's
+multiple of the period and of `steps_per_execution`), timed from the
+start of its second call of the train function to `on_epoch_end` (a `fit`
+under InfNanCheck compiles its step again, once), so that machine noise
+hits all contenders alike. It prints the best-of and median steps per
+second, the ratios AGN / bare Adam at the same `steps_per_execution`
+(best-of, median, per-round median), and bare Adam's achieved bytes per
+second: Adam's
 update reads the weights, gradients and two slots and writes the weights
 and slots, 7 x 4 bytes per parameter, which is memory-bound on a GPU
 (give the card's bandwidth with `--bandwidth-gbs` for the fraction).
+
+With `--inf-nan`, AGN(10) `weight_change` also runs under
+`keras_clones.callbacks.InfNanCheck` in modes "skip" (its counters ride in
+the optimizer's state, read at each epoch's end) and "stop" (read after
+every batch, which on JAX first syncs the step's state back into the
+variables and waits for the step): it prints the milliseconds each adds
+per step ("raise" reads as "stop" does).
 
 Memory: the bytes each contender's optimizer keeps in its variables
 (AGN adds a center per weight, an accumulator per weight with
@@ -33,7 +42,8 @@ Goals (issue 38): on JAX CPU, AGN(10) with `weight_change` >= 0.95 of
 bare Adam; on a GPU, `weight_change` >= 0.97 and `gradients` >= 0.90.
 
 Usage:
-    python bench/agn_jax.py [--quick] [--rounds R] [--bandwidth-gbs B]
+    python bench/agn_jax.py [--quick] [--rounds R] [--inf-nan]
+        [--bandwidth-gbs B]
 """
 
 import argparse
@@ -49,13 +59,14 @@ import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from flags import positive_int  # noqa: E402
-from harness import timed_epoch  # noqa: E402
+from harness import fit_epoch  # noqa: E402
 from ratios import RATIO_HEADER  # noqa: E402
 from ratios import met  # noqa: E402
 from ratios import ratios_of  # noqa: E402
 from ratios import summary  # noqa: E402
 
 from keras_clones import AGNOptimizer  # noqa: E402
+from keras_clones.callbacks import InfNanCheck  # noqa: E402
 
 SEED = 0
 PERIOD = 10
@@ -79,6 +90,15 @@ VARIANTS = {  # name: AGNOptimizer's options, or None for bare Adam.
         "communication_dtype": "bfloat16",
     },
 }
+# With --inf-nan: AGN(10) weight_change under InfNanCheck, whose "stop"
+# (and "raise") reads its counters each batch through the state sync.
+CHECKED = {
+    f"AGN(10) weight_change + InfNanCheck({mode})": {
+        "commit": "weight_change",
+        "check": mode,
+    }
+    for mode in ("skip", "stop")
+}
 
 
 def parse_args():
@@ -96,6 +116,11 @@ def parse_args():
         help="steps per round, a multiple of 10 (default 60; --quick 20)",
     )
     parser.add_argument(
+        "--inf-nan",
+        action="store_true",
+        help="also AGN(10) weight_change under InfNanCheck skip and stop",
+    )
+    parser.add_argument(
         "--bandwidth-gbs",
         type=float,
         default=None,
@@ -109,6 +134,7 @@ def parse_args():
     )
     args = parser.parse_args()
     args.size = SIZES["quick" if args.quick else "gpu"]
+    args.variants = dict(VARIANTS, **(CHECKED if args.inf_nan else {}))
     args.rounds = args.rounds or (3 if args.quick else 5)
     args.steps = args.steps or (20 if args.quick else 60)
     if args.steps % PERIOD:
@@ -138,13 +164,14 @@ def optimizer_for(options):
     adam = keras.optimizers.Adam(1e-4)
     if options is None:
         return adam
+    options = {k: v for k, v in options.items() if k != "check"}
     return AGNOptimizer(adam, PERIOD, **options)
 
 
-def compiled(name, steps_per_execution, size):
+def compiled(options, steps_per_execution, size):
     model = mlp(size)
     model.compile(
-        optimizer=optimizer_for(VARIANTS[name]),
+        optimizer=optimizer_for(options),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         steps_per_execution=steps_per_execution,
     )
@@ -166,17 +193,21 @@ class Repeated:
             yield from self.batches
 
 
-def epoch(model, args, x, y):
-    batch = args.size[3]
-    dataset = Repeated(x, y, batch)()
-    return timed_epoch(model, dataset, args.steps)
+def epoch(model, args, x, y, options):
+    dataset = Repeated(x, y, args.size[3])()
+    check = (options or {}).get("check")
+    callbacks = [InfNanCheck(check)] if check else []
+    timer = fit_epoch(model, dataset, args.steps, callbacks)
+    # From the second call of the train function: a `fit` under
+    # InfNanCheck compiles its step again (its guard is new), once.
+    return timer.rest_seconds / timer.rest_steps, timer.loss
 
 
 def contenders(args):
     return [
-        (name, spe, compiled(name, spe, args.size))
+        (name, spe, compiled(options, spe, args.size))
         for spe in (1, 10)
-        for name in VARIANTS
+        for name, options in args.variants.items()
     ]
 
 
@@ -193,13 +224,14 @@ def measure(args):
     runs = []
     for repeat in range(args.rounds):
         for name, spe, model in models:
-            seconds, loss = epoch(model, args, x, y)
+            options = args.variants[name]
+            seconds_per_step, loss = epoch(model, args, x, y, options)
             runs.append(
                 {
                     "name": name,
                     "spe": spe,
                     "repeat": repeat,
-                    "steps_per_s": args.steps / seconds,
+                    "steps_per_s": 1 / seconds_per_step,
                     "loss": loss,
                 }
             )
@@ -217,7 +249,7 @@ def throughput_table(runs, args):
     )
     print("|---|---:|---:|---:|---:|")
     for spe in (1, 10):
-        for name in VARIANTS:
+        for name in args.variants:
             mine = of(runs, name, spe)
             best, median = summary([r["steps_per_s"] for r in mine])
             print(
@@ -229,11 +261,13 @@ def throughput_table(runs, args):
     on_cpu = jax.default_backend() == "cpu"
     for spe in (1, 10):
         bare = of(runs, "Adam", spe)
-        for name, options in VARIANTS.items():
+        for name, options in args.variants.items():
             if options is None:
                 continue
             goal = CPU_GOAL if on_cpu else GOALS[options["commit"]]
-            if on_cpu and options["commit"] != "weight_change":
+            if "check" in options or (
+                on_cpu and options["commit"] != "weight_change"
+            ):
                 goal = None
             ratios = ratios_of(of(runs, name, spe), bare, "steps_per_s")
             shown = " | ".join(f"{r:.3f}" for r in ratios)
@@ -241,6 +275,25 @@ def throughput_table(runs, args):
                 f"| {name} / Adam, spe {spe} | {shown} "
                 f"| {goal if goal else '-'} "
                 f"| {met(ratios, goal) if goal else '-'} |"
+            )
+
+
+def check_costs(runs):
+    """What InfNanCheck adds per step to AGN(10) weight_change, in
+    milliseconds (medians)."""
+    base = "AGN(10) weight_change"
+    for spe in (1, 10):
+        speeds = {
+            name: summary([r["steps_per_s"] for r in of(runs, name, spe)])[1]
+            for name in (base, *CHECKED)
+        }
+        unchecked = speeds[base]
+        for name in CHECKED:
+            checked = speeds[name]
+            added = 1e3 / checked - 1e3 / unchecked
+            print(
+                f"{name[len(base) + 3 :]}, spe {spe}: {added:+.2f} ms per "
+                f"step over {base} ({1e3 / unchecked:.2f} ms)."
             )
 
 
@@ -279,7 +332,7 @@ def peak_bytes():
 def memory_of(name, args):
     """One contender's peak after a few steps, in this process alone."""
     x, y = data(args.size)
-    model = compiled(name, 1, args.size)
+    model = compiled(VARIANTS[name], 1, args.size)
     model.fit(
         Repeated(x, y, args.size[3])(),
         steps_per_epoch=PERIOD,
@@ -326,6 +379,9 @@ def main():
     models, runs = measure(args)
     throughput_table(runs, args)
     print()
+    if args.inf_nan:
+        check_costs(runs)
+        print()
     bandwidth_line(models, runs, args)
     print()
     memory_table(args)

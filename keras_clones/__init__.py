@@ -1,9 +1,9 @@
 """keras_clones: TensorFlow 1's multi-device training machinery for Keras 3.
 
-It imports under any Keras backend. `AGNOptimizer` and
-`callbacks.PostInitCopy` run under TensorFlow and JAX; the rest needs the
-TensorFlow backend for now, and says so where it is used
-(`keras_clones.CloneModel`, `keras_clones.callbacks.InfNanCheck`, ...),
+It imports under any Keras backend. `AGNOptimizer`,
+`callbacks.PostInitCopy` and `callbacks.InfNanCheck` run under TensorFlow
+and JAX; the rest needs the TensorFlow backend for now, and says so where
+it is used (`keras_clones.CloneModel`, `callbacks.LossSummaries`, ...),
 not at import.
 
 `python -m keras_clones.launch` and `python -m keras_clones.cost_model`

@@ -56,6 +56,7 @@ __all__ = [
     "scope_values",
     "should_evaluate",
     "stateless_scope_within",
+    "sync_training_state",
     "stateless_copy",
     "symbolic_build",
     "track_variable",
@@ -278,6 +279,15 @@ def keep_unlowered(op):
     """Keeps `op`, a functional `If` of `tf.cond`, from being lowered to
     Switch and Merge (TensorFlow's private attribute, as XLA keeps it)."""
     op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+
+
+def sync_training_state(model):
+    """Writes the state a JAX `fit` carries between its steps back into
+    `model`'s and its optimizer's variables (Keras does so at each epoch's
+    end); elsewhere the variables are the state, and nothing is done."""
+    sync = getattr(model, "jax_state_sync", None)
+    if sync is not None:
+        sync()
 
 
 # Stateless scopes (Keras's `StatelessScope`, for backends whose

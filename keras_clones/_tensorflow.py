@@ -21,7 +21,7 @@ def needs_tensorflow(what):
         "variable KERAS_BACKEND=tensorflow before importing keras (or set "
         '"backend": "tensorflow" in ~/.keras/keras.json). Under other '
         "backends, `keras_clones.AGNOptimizer`, "
-        "`keras_clones.callbacks.PostInitCopy`, `python -m "
+        "`keras_clones.callbacks.PostInitCopy` and `InfNanCheck`, `python -m "
         "keras_clones.launch` and `keras_clones.cost_model` run."
     )
 

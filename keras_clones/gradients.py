@@ -48,8 +48,8 @@ def is_finite(grad):
     """Whether every number of `grad` (a loss, or a gradient) is finite: a
     scalar boolean tensor; a missing gradient (None) is."""
     if grad is None:
-        return tf.constant(True)
-    return tf.reduce_all(tf.math.is_finite(values(grad)))
+        return keras.ops.convert_to_tensor(True)
+    return keras.ops.all(keras.ops.isfinite(values(grad)))
 
 
 def tf_variable(variable):

@@ -24,8 +24,11 @@ so a `fit` traces at most once more than it would without them.
 
 import typing
 
+import keras
+
 from keras_clones import gradients
 from keras_clones import optimizer_capabilities
+from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import tf
 from keras_clones.conditional import run_if
 
@@ -44,7 +47,7 @@ def finiteness(loss, grads):
     """Whether `loss` (if not None), then each gradient of `grads`, is
     finite: a boolean vector (a missing gradient is finite)."""
     values = list(grads) if loss is None else [loss, *grads]
-    return tf.stack([gradients.is_finite(v) for v in values])
+    return keras.ops.stack([gradients.is_finite(v) for v in values])
 
 
 class Verdict(typing.NamedTuple):
@@ -67,14 +70,16 @@ class Verdict(typing.NamedTuple):
     @property
     def passed(self):
         """Whether every check passed (a boolean tensor)."""
-        return tf.reduce_all(self.finite)
+        return keras.ops.all(self.finite)
 
     @property
     def loss_passed(self):
         """Whether the loss was finite (on every worker, if agreed)."""
         if self.every_worker:
             return self.every_worker[1]
-        return self.finite[0] if self.has_loss else tf.constant(True)
+        if self.has_loss:
+            return self.finite[0]
+        return keras.ops.convert_to_tensor(True)
 
     @property
     def names(self):
@@ -92,6 +97,8 @@ class Verdict(typing.NamedTuple):
         """This verdict, agreed by every worker (one small all-reduce, in a
         replica context across several): one more check, whether every
         worker's passed; as it is elsewhere."""
+        if not ON_TENSORFLOW:  # One replica.
+            return self
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync == 1:
             return self
@@ -147,6 +154,16 @@ class StepHooks:
             self._guard = hook
         if is_observer and hook not in self._observers:
             self._observers += (hook,)
+
+    @property
+    def state_variables(self):
+        """The variables the registered hooks keep their state in (a
+        guard's counters), which a step on JAX must carry: its host's
+        optimizer holds them among its variables there."""
+        hooks = (self._guard, *self._observers)
+        return [
+            v for hook in hooks for v in getattr(hook, "state_variables", ())
+        ]
 
     @property
     def metrics(self):
@@ -246,6 +263,10 @@ class StepHooks:
         if report is not None:
             report(count, first_iteration)
 
+    def never_traced(self):
+        """Whether the host's step has not been traced with any hooks."""
+        return self._traced is None
+
     def traced_with_other_hooks(self):
         """Whether the host's step was last traced with other hooks."""
         return self._traced is not None and not _same(
@@ -274,8 +295,14 @@ def detach(model, hooks, hook):
 
 def _refresh(model, hooks):
     # A new train function is traced when first called, with the hooks
-    # registered then.
-    if model.train_function is not None and hooks.traced_with_other_hooks():
+    # registered then. On JAX one made but not yet traced is made again
+    # too (which traces nothing): it was made for the optimizer's
+    # variables before the hooks' state joined them.
+    if model.train_function is None:
+        return
+    if hooks.traced_with_other_hooks() or (
+        not ON_TENSORFLOW and hooks.never_traced()
+    ):
         model.make_train_function(force=True)
 
 

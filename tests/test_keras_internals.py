@@ -343,3 +343,17 @@ def test_a_scope_within_reads_as_its_caller_and_refuses_unlisted_writes():
         with pytest.raises(AssertionError, match="did not list"):
             internals.scope_values(scope, [written])
     assert float(written.numpy()) == 0.0  # Nothing was assigned.
+
+
+def test_sync_training_state_is_keras_jax_state_sync_where_there_is_one():
+    # Keras's JAX trainer has it (tests_jax's InfNanCheck "stop" and
+    # "raise" read through it); TensorFlow's variables are the state.
+    calls = []
+
+    class JaxTrained:
+        def jax_state_sync(self):
+            calls.append("synced")
+
+    internals.sync_training_state(JaxTrained())
+    internals.sync_training_state(keras.Sequential())
+    assert calls == ["synced"]

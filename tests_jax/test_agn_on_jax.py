@@ -327,3 +327,102 @@ def test_post_init_copy_makes_the_centers_follow_weights_set_at_a_period_end():
     _, old_centers, lost = trained_then_reset(None)
     assert not np.allclose(old_centers, agn.flat(new))
     assert not np.allclose(agn.flat(copied), agn.flat(lost), atol=0.1)
+
+
+def nan_data():
+    """The MLP's data, each epoch's second batch a nan."""
+    x, y = digits_like_data()
+    y = y.copy()
+    y[BATCH : 2 * BATCH] = np.nan
+    return x, y
+
+
+@pytest.mark.parametrize("distributed", [False, True])
+def test_inf_nan_check_skips_a_nan_batch_as_the_rule_by_hand(distributed):
+    from keras_clones.callbacks import InfNanCheck
+
+    x, y = nan_data()
+    keras.distribution.set_distribution(
+        keras.distribution.DataParallel() if distributed else None
+    )
+    try:
+        model = mlp()
+        model.compile(agn_adam(), "mse")
+        by_hand = by_hand_of(
+            model, x, y, 2 * BATCHES, 4, skipped={(0, 1), (0, BATCHES + 1)}
+        )
+        history = model.fit(
+            x,
+            y,
+            batch_size=BATCH,
+            epochs=2,
+            shuffle=False,
+            callbacks=[InfNanCheck("skip")],
+            verbose=0,
+        )
+    finally:
+        keras.distribution.set_distribution(None)
+    local, center = by_hand.history[-1]
+    np.testing.assert_allclose(
+        agn.flat(model.get_weights()), local[0], atol=1e-5
+    )
+    np.testing.assert_allclose(centers_of(model), center, atol=1e-5)
+    assert history.history["skipped_steps"] == [1.0, 1.0]
+    optimizer = model.optimizer
+    # A skipped local step counts toward the period, as on TensorFlow.
+    assert int(optimizer.iterations.numpy()) == 2 * BATCHES
+    assert int(optimizer.communication_rounds.numpy()) == 2 * BATCHES // 4
+    # The guard's counters left the optimizer's state with the callback.
+    assert len(optimizer.variables) == len(optimizer.saved_variables)
+
+
+def test_inf_nan_check_stops_or_raises_at_the_nan_batch_and_fit_goes_on(
+    capsys,
+):
+    from keras_clones.callbacks import InfNanCheck
+
+    x, y = nan_data()
+    expected = (
+        "InfNanCheck: the gradient of {} is not finite at optimizer step 1 "
+        "(`optimizer.iterations` before the step); the step was skipped."
+    )
+    for mode in ("stop", "raise"):
+        model = mlp()
+        model.compile(agn_adam(), "mse")
+        kernel = model.trainable_variables[0].path
+        fit = lambda callbacks: model.fit(  # noqa: E731
+            x, y, batch_size=BATCH, shuffle=False, callbacks=callbacks
+        )
+        if mode == "stop":
+            history = fit([InfNanCheck("stop")])
+            assert history.history["skipped_steps"] == [1.0]
+            assert expected.format(kernel) in capsys.readouterr().out
+        else:
+            with pytest.raises(RuntimeError) as raised:
+                fit([InfNanCheck("raise")])
+            assert str(raised.value) == expected.format(kernel)
+        assert int(model.optimizer.iterations.numpy()) == 2
+        fit([])  # Goes on without it, every step counted.
+        assert int(model.optimizer.iterations.numpy()) == 2 + BATCHES
+
+
+def test_a_model_saved_during_fit_with_inf_nan_check_loads(tmp_path):
+    from keras_clones.callbacks import InfNanCheck
+
+    x, y = nan_data()
+    model = mlp()
+    model.compile(agn_adam(), "mse")
+    path = str(tmp_path / "during.keras")
+    saved_during = keras.callbacks.ModelCheckpoint(path, save_freq=3)
+    model.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        shuffle=False,
+        callbacks=[InfNanCheck("skip"), saved_during],
+        verbose=0,
+    )
+    loaded = keras.saving.load_model(path)
+    saved = loaded.optimizer.saved_variables
+    assert len(saved) == len(model.optimizer.saved_variables)
+    assert int(loaded.optimizer.iterations.numpy()) == BATCHES

@@ -123,7 +123,9 @@ class PeriodEngine:
             self._local_update(grads, variables)
         else:
             replicas.run_if(
-                applied, lambda: self._local_update(grads, variables)
+                applied,
+                lambda: self._local_update(grads, variables),
+                writes=self._local_writes(variables),
             )
             if skips_alone(self.schedule, replicas):
                 self._count_skip(applied)
@@ -153,6 +155,16 @@ class PeriodEngine:
             copy_model_into_centers,
             writes=[w for w in writes if w is not None],
         )
+
+    def _local_writes(self, variables):
+        """Every variable a local step on `variables` may assign: them,
+        the inner optimizer's state and their accumulators."""
+        accumulators = [
+            state.accumulator
+            for state in map(self.state.of, variables)
+            if state is not None and state.accumulator is not None
+        ]
+        return [*variables, *self.inner_optimizer.variables, *accumulators]
 
     def _local_update(self, grads, variables):
         grads, variables = gradients.overwrite_with_gradients(
@@ -214,7 +226,11 @@ class PeriodEngine:
             self.replicas.run_if(
                 ends,
                 self._period_end(fragment, pairs, hooks),
-                writes=[self.state.rounds, *fragment.variables_written()],
+                writes=[
+                    self.state.rounds,
+                    *fragment.variables_written(),
+                    *(hooks.state_variables if hooks is not None else ()),
+                ],
             )
 
     def _period_end(self, fragment, pairs, hooks):

@@ -3,6 +3,7 @@ as a Keras optimizer: its arguments, state, configuration and slot lookup,
 over the period engine (`engine.PeriodEngine`)."""
 
 import contextlib
+import warnings
 
 import keras
 import ml_dtypes
@@ -309,15 +310,42 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         and, for `commit="weight_change"`, a period start per variable;
         the local steps skipped alone since the last commit, and the first
         one's step), then the inner optimizer's, then the outer
-        optimizer's."""
+        optimizer's. On JAX, while a step hook keeps state (`InfNanCheck`'s
+        counters), its variables follow, which a step there must carry;
+        they are not saved (`saved_variables`)."""
+        carried = [] if ON_TENSORFLOW else self._step_hooks.state_variables
+        return self.saved_variables + carried
+
+    @property
+    def saved_variables(self):
+        """The optimizer's state, as saved and set: `variables`, but a
+        step hook's."""
         return (
             internals.own_variables(self)
             + self.inner_optimizer.variables
             + self.outer_optimizer.variables
         )
 
+    def save_own_variables(self, store):
+        for i, variable in enumerate(self.saved_variables):
+            store[str(i)] = keras.ops.convert_to_numpy(variable)
+
+    def load_own_variables(self, store):
+        # Keras's own, over `saved_variables`, with its warning.
+        variables = self.saved_variables
+        if len(store.keys()) != len(variables):
+            warnings.warn(
+                f"Skipping variable loading for optimizer '{self.name}', "
+                f"because it has {len(variables)} variables whereas the "
+                f"saved optimizer has {len(store.keys())} variables. ",
+                stacklevel=2,
+            )
+            return
+        for i, variable in enumerate(variables):
+            variable.assign(store[str(i)])
+
     def set_weights(self, weights):
-        """Sets the whole state, in the order of `variables`."""
+        """Sets the whole state, in the order of `saved_variables`."""
         if not self.built:
             raise ValueError(
                 "You are calling `set_weights()` on an optimizer that has not "
@@ -325,7 +353,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 "`optimizer.build(trainable_variables)` to create the "
                 "optimizer weights before calling `set_weights()`."
             )
-        variables = self.variables
+        variables = self.saved_variables
         if len(weights) != len(variables):
             raise ValueError(
                 f"AGNOptimizer {self.name!r} has {len(variables)} variables "

@@ -1,10 +1,11 @@
 """`InfNanCheck`: skip, stop or raise on non-finite losses and gradients."""
 
 import keras
-import tensorflow as tf
 
+from keras_clones import _keras_internals as internals
 from keras_clones import optimizer_capabilities
 from keras_clones import step_hooks
+from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones.multi_worker import topology
 
 _MODES = ("skip", "stop", "raise")
@@ -16,7 +17,8 @@ class _NonFiniteGuard:
     A guard (`keras_clones.step_hooks`): a policy, `judge(verdict)`, over
     the verdict the host computed, for a `CloneModel`'s or an
     `AGNOptimizer`'s step. It keeps what the callback reads: the
-    `skipped_steps` metric and the first failure.
+    `skipped_steps` metric and the first failure, in `state_variables`
+    (which an optimizer on JAX carries through its step).
     """
 
     def __init__(self, step_counter, loss_scaled):
@@ -27,26 +29,32 @@ class _NonFiniteGuard:
         self.skipped_steps = keras.metrics.Sum(name="skipped_steps")
         self.metrics = [self.skipped_steps]
         self.failed_step = keras.Variable(
-            -1, dtype="int64", trainable=False, name="failed_step"
+            -1, dtype="int", trainable=False, name="failed_step"
         )
         self.failed_check = keras.Variable(
-            0, dtype="int64", trainable=False, name="failed_check"
+            0, dtype="int", trainable=False, name="failed_check"
         )
+        self.state_variables = [
+            *self.skipped_steps.variables,
+            self.failed_step,
+            self.failed_check,
+        ]
         self.check_names = []
 
     def judge(self, verdict):
         """Whether the update of `verdict`'s step applies: where its loss
         and gradients are finite. Counts and records a skip."""
+        ops = keras.ops
         iteration = verdict.iteration
         if iteration is None:
-            iteration = tf.identity(self.step_counter)
+            iteration = ops.copy(self.step_counter)
         passed = verdict.passed
-        failed = tf.logical_not(
+        failed = ops.logical_not(
             verdict.loss_passed if self.loss_scaled else passed
         )
-        check = tf.argmin(tf.cast(verdict.finite, "int32"), output_type="int64")
+        check = ops.argmin(ops.cast(verdict.finite, "int32"))
         self._record(
-            tf.cast(tf.logical_not(passed), "float32"),
+            ops.cast(ops.logical_not(passed), "float32"),
             failed,
             iteration,
             self._checks_named(verdict.names) + check,
@@ -68,14 +76,19 @@ class _NonFiniteGuard:
         names follow the previous ones'."""
         first = len(self.check_names)
         self.check_names = self.check_names + names
-        return tf.constant(first, "int64")
+        return first
 
     def _record(self, skipped, failed, iteration, check):
+        ops = keras.ops
         self.skipped_steps.update_state(skipped)
-        first = tf.logical_and(failed, self.failed_step < 0)
-        self.failed_check.assign(tf.where(first, check, self.failed_check))
+        step, failed_check = self.failed_step.value, self.failed_check.value
+        first = ops.logical_and(failed, step < 0)
+        dtype = self.failed_step.dtype
+        self.failed_check.assign(
+            ops.where(first, ops.cast(check, dtype), failed_check)
+        )
         self.failed_step.assign(
-            tf.where(first, tf.cast(iteration, "int64"), self.failed_step)
+            ops.where(first, ops.cast(iteration, dtype), step)
         )
 
     def failure(self):
@@ -92,16 +105,8 @@ class _NonFiniteGuard:
 
 def _step_hooks(model):
     """The step hooks of the training step that runs the check."""
-    strategy = model.distribute_strategy
-    replicas = strategy.num_replicas_in_sync
-    if replicas > 1 and not topology.one_replica_per_worker(strategy):
-        raise ValueError(
-            "InfNanCheck cannot guard a model trained under a tf.distribute "
-            f"strategy with {replicas} replicas on this machine. Train a "
-            "`keras_clones.CloneModel` on several devices instead (across "
-            "machines: under MultiWorkerMirroredStrategy, one device per "
-            "worker)."
-        )
+    if ON_TENSORFLOW:
+        _check_strategy(model.distribute_strategy)
     hooks = step_hooks.host_of(model)
     if hooks is not None:
         return hooks
@@ -114,6 +119,19 @@ def _step_hooks(model):
         "Train it as `CloneModel(model.inputs, model.outputs)`, or use "
         "`keras.callbacks.TerminateOnNaN`, which looks at the loss only."
     )
+
+
+def _check_strategy(strategy):
+    """Refuses a `tf.distribute` strategy the check cannot guard."""
+    replicas = strategy.num_replicas_in_sync
+    if replicas > 1 and not topology.one_replica_per_worker(strategy):
+        raise ValueError(
+            "InfNanCheck cannot guard a model trained under a tf.distribute "
+            f"strategy with {replicas} replicas on this machine. Train a "
+            "`keras_clones.CloneModel` on several devices instead (across "
+            "machines: under MultiWorkerMirroredStrategy, one device per "
+            "worker)."
+        )
 
 
 @keras.saving.register_keras_serializable(package="keras_clones")
@@ -213,6 +231,8 @@ class InfNanCheck(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self.mode == "skip":
             return
+        # On JAX the step's state is the model's once it is synced.
+        internals.sync_training_state(self.model)
         failure = self._guard.failure()
         if failure is None:
             return

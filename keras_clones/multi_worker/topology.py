@@ -1,6 +1,6 @@
 """Which worker this process is, under a `tf.distribute` strategy."""
 
-import tensorflow as tf
+from keras_clones._tensorflow import tf
 
 
 def one_replica_per_worker(strategy):
