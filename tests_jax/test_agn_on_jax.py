@@ -426,3 +426,18 @@ def test_a_model_saved_during_fit_with_inf_nan_check_loads(tmp_path):
     saved = loaded.optimizer.saved_variables
     assert len(saved) == len(model.optimizer.saved_variables)
     assert int(loaded.optimizer.iterations.numpy()) == BATCHES
+
+
+def test_a_batch_that_does_not_divide_by_the_devices_fails_as_in_keras():
+    # Keras shards the batch before any optimizer sees it: AGN's error is
+    # plain Keras's, naming the size.
+    x, y = digits_like_data()
+    keras.distribution.set_distribution(keras.distribution.DataParallel())
+    try:
+        for optimizer in (agn_adam(), keras.optimizers.Adam(0.01)):
+            model = mlp()
+            model.compile(optimizer, "mse")
+            with pytest.raises(ValueError, match="dimension size is 7"):
+                model.fit(x[:14], y[:14], batch_size=7, verbose=0)
+    finally:
+        keras.distribution.set_distribution(None)
