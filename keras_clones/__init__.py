@@ -1,6 +1,6 @@
 """keras_clones: TensorFlow 1's multi-device training machinery for Keras 3.
 
-It imports under any Keras backend. `AGNOptimizer`,
+It imports under any Keras backend. `AGNOptimizer`, `step_hooks`,
 `callbacks.PostInitCopy` and `callbacks.InfNanCheck` run under TensorFlow
 and JAX; the rest needs the TensorFlow backend for now, and says so where
 it is used (`keras_clones.CloneModel`, `callbacks.LossSummaries`, ...),
@@ -30,12 +30,12 @@ __all__ = [
 
 if sys.argv[:1] != ["-m"]:
     from keras_clones import callbacks
+    from keras_clones import step_hooks
     from keras_clones._tensorflow import ON_TENSORFLOW
     from keras_clones._tensorflow import needs_tensorflow
     from keras_clones.agn import AGNOptimizer
 
     if ON_TENSORFLOW:
-        from keras_clones import step_hooks
         from keras_clones.clone_model import CloneModel
         from keras_clones.deployment import DeploymentConfig
     else:

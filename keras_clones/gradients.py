@@ -20,6 +20,16 @@ def read(value):
     return keras.ops.convert_to_tensor(value)
 
 
+def copied(value):
+    """`value` to assign to a variable: on JAX a copy, since an eager
+    `assign` keeps the array itself, and two variables sharing one would
+    have it donated twice by the next jitted step; on TensorFlow itself
+    (an assignment copies)."""
+    if ON_TENSORFLOW:
+        return value
+    return keras.ops.copy(value)
+
+
 def dense(grad):
     """`grad` as a dense tensor (an `IndexedSlices` scattered)."""
     if ON_TENSORFLOW:

@@ -441,3 +441,28 @@ def test_a_batch_that_does_not_divide_by_the_devices_fails_as_in_keras():
                 model.fit(x[:14], y[:14], batch_size=7, verbose=0)
     finally:
         keras.distribution.set_distribution(None)
+
+
+def test_an_eager_apply_leaves_no_two_variables_sharing_an_array():
+    # With a period of 1 the period ends outside any conditional: the
+    # local weights take the centers' values, copied (a shared array would
+    # be donated twice by the next jitted step).
+    x, y = digits_like_data()
+    model = mlp()
+    model.compile(agn_adam(period=1), "mse")
+    model.optimizer.build(model.trainable_variables)
+    grads = [np.ones(v.shape, "float32") for v in model.trainable_variables]
+    model.optimizer.apply(grads, model.trainable_variables)
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 1 + BATCHES
+
+
+def test_what_needs_tensorflow_says_so_under_jax():
+    optimizer = agn_adam()
+    variable = keras.Variable(np.ones(3, "float32"))
+    optimizer.build([variable])
+    for method in (optimizer.worker_state, optimizer.commits_around_execution):
+        with pytest.raises(ImportError, match="needs the TensorFlow backend"):
+            result = method()
+            if hasattr(result, "__enter__"):
+                result.__enter__()

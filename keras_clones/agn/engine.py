@@ -210,11 +210,16 @@ class PeriodEngine:
         if schedule.period == 1:
             # The step is the commit: it commits only if it applied (the
             # same on every worker).
-            end = self._period_end(self.state.fragments[0], pairs, hooks)
+            fragment = self.state.fragments[0]
+            end = self._period_end(fragment, pairs, hooks)
             if applied is None:
                 end()
             else:
-                self.replicas.run_if(self.replicas.first(applied), end)
+                self.replicas.run_if(
+                    self.replicas.first(applied),
+                    end,
+                    writes=self._end_writes(fragment, hooks),
+                )
             return
         if schedule.delay:
             self._remember(hooks)
@@ -226,12 +231,14 @@ class PeriodEngine:
             self.replicas.run_if(
                 ends,
                 self._period_end(fragment, pairs, hooks),
-                writes=[
-                    self.state.rounds,
-                    *fragment.variables_written(),
-                    *(hooks.state_variables if hooks is not None else ()),
-                ],
+                writes=self._end_writes(fragment, hooks),
             )
+
+    def _end_writes(self, fragment, hooks):
+        """Every variable ending `fragment`'s period may assign: the
+        rounds, the fragment's and the hooks' state."""
+        hooks_state = hooks.state_variables if hooks is not None else []
+        return [self.state.rounds, *fragment.variables_written(), *hooks_state]
 
     def _period_end(self, fragment, pairs, hooks):
         """What ends `fragment`'s period in a step whose gradients are

@@ -42,7 +42,7 @@ class WholeVariables:
 
     def assign_here(self, variables, parts):
         for variable, part in zip(variables, parts):
-            variable.assign(part)
+            variable.assign(gradients.copied(part))
 
     def assign(self, replicas, variables, parts):
         for variable, part in zip(variables, parts):

@@ -12,6 +12,7 @@ import numpy as np
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
 from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones._tensorflow import needs_tensorflow
 from keras_clones._tensorflow import tf
 from keras_clones.agn import arguments
 from keras_clones.agn import engine
@@ -334,10 +335,16 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         # Keras's own, over `saved_variables`, with its warning.
         variables = self.saved_variables
         if len(store.keys()) != len(variables):
+            hint = ""
+            if not self.built:
+                hint = (
+                    "This is likely because the optimizer has not been "
+                    "called/built yet."
+                )
             warnings.warn(
                 f"Skipping variable loading for optimizer '{self.name}', "
                 f"because it has {len(variables)} variables whereas the "
-                f"saved optimizer has {len(store.keys())} variables. ",
+                f"saved optimizer has {len(store.keys())} variables. {hint}",
                 stacklevel=2,
             )
             return
@@ -400,9 +407,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         for state in self._state.states:
             dtype = self.communication_dtype or state.variable.dtype
             size = int(np.prod(state.variable.shape))
-            total += (
-                size * np.dtype(keras.backend.standardize_dtype(dtype)).itemsize
-            )
+            total += size * _itemsize(dtype)
         return total
 
     def _state_for(self, variable, what):
@@ -562,6 +567,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         )
 
     def _own_entries(self):
+        if not ON_TENSORFLOW:
+            raise needs_tensorflow(
+                "A worker's own state (`AGNOptimizer.worker_state`, "
+                "`restore_worker_state`: training across workers)"
+            )
         self._check_built("worker state")
         return worker_state.entries(self._state, self.inner_optimizer)
 
@@ -660,6 +670,8 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         when the last step ended it. Steps traced inside do not end
         periods. An execution that crosses a period's end fails. Only with
         `overlap=True`."""
+        if not ON_TENSORFLOW:
+            raise needs_tensorflow("`commits_around_execution`")
         strategy = internals.distribution_strategy(self)
         with self._engine.commits_around_execution(strategy):
             yield

@@ -125,7 +125,7 @@ class OneReplica:
         return value
 
     def assign(self, variable, value):
-        variable.assign(value)
+        variable.assign(gradients.copied(value))
 
     def update(self, variable, fn, value):
         fn(variable, value)

@@ -3,6 +3,7 @@
 import keras
 
 from keras_clones import _keras_internals as internals
+from keras_clones import gradients
 from keras_clones import optimizer_capabilities
 from keras_clones import step_hooks
 from keras_clones._tensorflow import ON_TENSORFLOW
@@ -81,7 +82,8 @@ class _NonFiniteGuard:
     def _record(self, skipped, failed, iteration, check):
         ops = keras.ops
         self.skipped_steps.update_state(skipped)
-        step, failed_check = self.failed_step.value, self.failed_check.value
+        step = gradients.read(self.failed_step)
+        failed_check = gradients.read(self.failed_check)
         first = ops.logical_and(failed, step < 0)
         dtype = self.failed_step.dtype
         self.failed_check.assign(
@@ -188,6 +190,13 @@ class InfNanCheck(keras.callbacks.Callback):
     non-finite local steps, and the coordinator counts them, stops or raises
     (naming each local step's optimizer step, as the coordinator numbers
     the steps of the commit), and guards each commit.
+
+    On Keras's JAX backend it guards a model compiled with an
+    `AGNOptimizer` as here. A JAX step carries its state through its
+    arguments, so while the check is attached its counters ride in the
+    optimizer's `variables` (not saved: `saved_variables`), and `"stop"`
+    and `"raise"` first write the step's state back into the variables
+    after every batch (see `bench/agn_jax.py --inf-nan` for the cost).
 
     Args:
         mode: What to do after a non-finite step. `"skip"`: nothing more,
