@@ -195,6 +195,32 @@ def test_two_in_flight_on_one_worker_apply_each_step_to_the_weights_it_read(
     assert result["iterations"] == 12
 
 
+def test_with_4_slots_each_step_applies_its_own_result_once_as_they_wrap(
+    scenario,
+):
+    # 2 workers x 2 in flight: results go round 4 slots, 3 times over in
+    # 12 steps. After each step the coordinator has applied exactly one
+    # more result, and the weights are where the gradients it applied put
+    # them: no result applied twice, skipped or taken from a stale slot.
+    steps = scenario("two_workers")["sgd_in_flight_2"]["step_by_step"]
+    assert [count for count, _ in steps] == list(range(1, 13))
+    assert max(difference for _, difference in steps) < 1e-5
+
+
+def test_a_callback_raising_with_2_in_flight_leaves_nothing_half_applied(
+    scenario,
+):
+    # The callback's error after step 2 (the third) is what `fit` raises;
+    # step 3, computed meanwhile, is not applied; the weights are the three
+    # applied steps' replayed on their reads; the next `fit` goes on.
+    result = scenario("in_flight")["raised"]
+    assert result["raised"] == "A callback failed after batch 2."
+    assert result["applied"] == 3
+    assert len(result["reads"]) == 3
+    assert result["weights"] < 1e-5
+    assert result["after"] == 3 + 6
+
+
 def test_a_stopped_fit_applies_nothing_still_in_flight(scenario):
     # Stopped after step 2 (the third) with 2 in flight: step 3, computed
     # meanwhile, is not applied; the next `fit` applies its own 12 steps.

@@ -249,9 +249,32 @@ class SumOfAppliedGradients:
         self.count.assign_add(1)
 
 
+class AppliedStepByStep(keras.callbacks.Callback):
+    """After each applied step: how many results the coordinator applied,
+    and how far the weights are from where the gradients it applied put
+    them (`start - learning_rate * sums`)."""
+
+    def __init__(self, applied, start, learning_rate):
+        super().__init__()
+        self.applied, self.start = applied, start
+        self.learning_rate = learning_rate
+        self.steps = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        expected = [
+            w - self.learning_rate * s.numpy()
+            for w, s in zip(self.start, self.applied.sums)
+        ]
+        weights = [v.numpy() for v in self.model.trainable_variables]
+        self.steps.append(
+            [int(self.applied.count.numpy()), max_difference(weights, expected)]
+        )
+
+
 def two_workers(strategy):
     """2 workers: plain SGD and Hermans's AGN, each with an outer SGD
-    without momentum, against the sum of what the coordinator applied."""
+    without momentum, against the sum of what the coordinator applied
+    (with 4 slots, SGD also after each step, as the slots wrap around)."""
     optimizers = {
         "sgd": (lambda: keras.optimizers.SGD(0.05), 0.05),
         "sgd_in_flight_2": (lambda: keras.optimizers.SGD(0.05), 0.05),
@@ -273,10 +296,12 @@ def two_workers(strategy):
         start = [v.numpy() for v in model.trainable_variables]
         applied = SumOfAppliedGradients(model.trainable_variables)
         model.step_hooks.add(applied)
+        step_by_step = AppliedStepByStep(applied, start, outer_lr)
         history = model.fit(
             dataset(),
             epochs=EPOCHS,
             steps_per_epoch=STEPS,
+            callbacks=[step_by_step] if name == "sgd_in_flight_2" else [],
             verbose=0,
             in_flight_per_worker=2 if name.endswith("in_flight_2") else 1,
         )
@@ -293,6 +318,7 @@ def two_workers(strategy):
             "staleness": history.history["staleness"],
             "max_staleness": history.history["max_staleness"],
             "rounds": history.history.get("communication_rounds"),
+            "step_by_step": step_by_step.steps,
         }
     return results
 
@@ -407,6 +433,7 @@ def in_flight(strategy):
             "iterations": int(model.optimizer.iterations.numpy()),
         }
     results["stopped"] = in_flight_stopped(strategy)
+    results["raised"] = in_flight_raised(strategy, *optimizers["sgd"])
     results["sgd_inf_nan"] = in_flight_inf_nan(strategy, *optimizers["sgd"])
     results["agn"] = in_flight_agn(strategy)
     return results
@@ -440,6 +467,58 @@ def in_flight_stopped(strategy):
         )
         counts.append(int(model.optimizer.iterations.numpy()))
     return counts
+
+
+class RaiseAfterBatch(keras.callbacks.Callback):
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            raise ValueError(f"A callback failed after batch {batch}.")
+
+
+def in_flight_raised(strategy, optimizer, by_hand):
+    """A callback raises after step 2 with 2 in flight: what `fit` raised,
+    the updates applied, the weights against the 3 steps applied replayed
+    on their reads, and then a `fit` that goes on."""
+    staleness = StalenessOfEachStep()
+    with strategy.scope():
+        model = functional(keras_clones.CloneModel)
+        model.compile(optimizer(), "mse")
+    start = model.get_weights()
+    try:
+        model.fit(
+            dataset(),
+            epochs=EPOCHS,
+            steps_per_epoch=STEPS,
+            callbacks=[SlowToApply(), staleness, RaiseAfterBatch(2)],
+            verbose=0,
+            in_flight_per_worker=2,
+        )
+        raised = None
+    except ValueError as e:
+        raised = str(e)
+    applied = int(model.optimizer.iterations.numpy())
+    reads = [n - s for n, s in enumerate(staleness.values)]
+    weights = max_difference(
+        model.get_weights(), replayed(start, reads, by_hand)
+    )
+    model.fit(
+        dataset(),
+        epochs=1,
+        steps_per_epoch=STEPS,
+        verbose=0,
+        in_flight_per_worker=2,
+    )
+    return {
+        "raised": raised,
+        "applied": applied,
+        "reads": reads,
+        "weights": weights,
+        "after": int(model.optimizer.iterations.numpy()),
+    }
 
 
 def in_flight_inf_nan(strategy, optimizer, by_hand):
