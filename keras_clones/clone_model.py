@@ -394,7 +394,7 @@ class CloneModel(keras.Model):
             computed.loss,
             tuple(computed.clone_contributions),
         )
-        with tf.device(self._deployment.optimizer_device()):
+        with self._mode.update_device(self._deployment):
             if (
                 self._copies is None
                 and trainable

@@ -9,6 +9,8 @@ function runs `train_step` (the model's three halves); parameter-server
 workers run `compute`, and the coordinator `apply` and `log`.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
@@ -102,6 +104,11 @@ class OneProcess:
         (`clone_reads.MovedState`) agreed; alone, as they are."""
         return grads
 
+    def update_device(self, deployment):
+        """A context manager: where `apply` runs the update, the
+        deployment's `optimizer_device()` (this worker's CPU)."""
+        return tf.device(deployment.optimizer_device())
+
 
 class MultiWorker(OneProcess):
     """`tf.distribute.MultiWorkerMirroredStrategy`, one replica per worker:
@@ -136,6 +143,13 @@ class ParameterServers(OneProcess):
 
     def fit(self, model, fit, args, kwargs, in_flight_per_worker=1):
         return fitting.fit(model, fit, args, kwargs, in_flight_per_worker)
+
+    def update_device(self, deployment):
+        """The coordinator applies an update where its result lies, on a
+        parameter server (`training.AsyncTraining`): a device of
+        `deployment` would send it to a worker (`/job:worker` over the
+        server's placement, on that worker's task), so none is set."""
+        return contextlib.nullcontext()
 
     def infer(self, model, method, args, kwargs):
         if tf.distribute.has_strategy():

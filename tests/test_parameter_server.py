@@ -33,11 +33,12 @@ GROUPS = (
             "sparse",
             "in_flight",
             "overwritten",
+            "placement_one_server",
         ),
     ),
     (1, 1, ("agn_inner_optimizers",)),
     (2, 1, ("two_workers", "refusals")),
-    (1, 2, ("two_parameter_servers",)),
+    (1, 2, ("two_parameter_servers", "placement_two_servers")),
 )
 
 
@@ -219,6 +220,27 @@ def test_a_callback_raising_with_2_in_flight_leaves_nothing_half_applied(
     assert len(result["reads"]) == 3
     assert result["weights"] < 1e-5
     assert result["after"] == 3 + 6
+
+
+@pytest.mark.parametrize(
+    "cluster, servers",
+    [("placement_one_server", ["0"]), ("placement_two_servers", ["0", "1"])],
+)
+@pytest.mark.parametrize("optimizer", ["adam", "agn"])
+def test_the_deployments_job_names_send_nothing_to_the_wrong_task(
+    scenario, cluster, servers, optimizer
+):
+    # With `num_ps_tasks` the cluster's servers, `optimizer_device()` is
+    # "/job:worker/device:CPU:0": the coordinator's apply must not run on
+    # a worker (that job over its server's placement made it worker 0),
+    # and the worker's compute names no task (it runs on the worker the
+    # coordinator schedules it on) and no parameter server.
+    traced = scenario(cluster)[optimizer]
+    coordinator = {tuple(d) for d in traced["coordinator"]}
+    assert {job for job, _ in coordinator} <= {"", "ps"}
+    assert {task for job, task in coordinator if job == "ps"} == set(servers)
+    worker = {tuple(d) for d in traced["worker"]}
+    assert worker <= {("", ""), ("worker", "")}
 
 
 def test_a_stopped_fit_applies_nothing_still_in_flight(scenario):

@@ -26,6 +26,8 @@ from reference import optimizers as hand  # noqa: E402
 
 import keras_clones  # noqa: E402
 from keras_clones.parameter_server import InProcessCluster  # noqa: E402
+from keras_clones.parameter_server import cluster as cluster_of  # noqa: E402
+from keras_clones.parameter_server import training as training_module  # noqa: E402,E501
 
 BATCH = 8
 STEPS = 6
@@ -984,6 +986,53 @@ def two_parameter_servers(strategy):
     return results
 
 
+def traced_devices(function):
+    """The (job, task) of every op of each graph `function` (a
+    `tf.function`) traced, as strings ("" where unset)."""
+    placed = set()
+    for concrete in function._list_all_concrete_functions():
+        for op in concrete.graph.get_operations():
+            device = tf.DeviceSpec.from_string(op.device or "")
+            task = "" if device.task is None else str(device.task)
+            placed.add((device.job or "", task))
+    return sorted(placed)
+
+
+def placement(strategy):
+    """Plain Adam and AGN, with `num_ps_tasks` the cluster's servers: the
+    devices the coordinator's apply and the worker's compute were traced
+    on."""
+    servers = cluster_of.num_ps(strategy)
+    made = []
+    init = training_module.AsyncTraining.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    training_module.AsyncTraining.__init__ = recording
+    optimizers = {
+        "adam": lambda: keras.optimizers.Adam(0.01),
+        "agn": weight_change_agn,
+    }
+    results = {}
+    try:
+        for name, optimizer in optimizers.items():
+            deployment = keras_clones.DeploymentConfig(num_ps_tasks=servers)
+            with strategy.scope():
+                model = functional(keras_clones.CloneModel)
+                model.deployment = deployment
+                model.compile(optimizer(), "mse")
+            model.fit(dataset(), epochs=1, steps_per_epoch=3, verbose=0)
+            results[name] = {
+                "coordinator": traced_devices(made[-1]._on_coordinator),
+                "worker": traced_devices(made[-1]._on_worker),
+            }
+    finally:
+        training_module.AsyncTraining.__init__ = init
+    return results
+
+
 SCENARIOS = {
     "one_worker": one_worker,
     "agn_inner_optimizers": agn_inner_optimizers,
@@ -996,6 +1045,8 @@ SCENARIOS = {
     "in_flight": in_flight,
     "two_parameter_servers": two_parameter_servers,
     "overwritten": overwritten,
+    "placement_one_server": placement,
+    "placement_two_servers": placement,
 }
 
 if __name__ == "__main__":
