@@ -68,6 +68,13 @@ All servers of a parameter-server variant (N workers, 1 parameter server,
 each with N + 2 inter-op threads, as `InProcessCluster` makes them) and the
 coordinator share this machine's cores, as do the N processes of MWMS.
 
+With `--profile`, the keras_clones parameter-server runs also time the
+coordinator's loop over epochs 2..E, per applied result (a step; for
+AGN a period's commit): scheduling
+(`ClusterCoordinator.schedule`), applying (the traced apply, on the
+parameter server) and the rest (waiting for the worker's result, and the
+callbacks); the driver prints their medians over the repeats.
+
 With `--link 100mbit` (root) every run is in a network namespace whose
 loopback, which the cluster's servers talk over, is shaped to that link
 (`bench/netns.py`).
@@ -75,7 +82,7 @@ loopback, which the cluster's servers talk over, is shaped to that link
 Usage:
     python bench/ps.py [--quick] [--repeats R] [--steps S] [--epochs E]
                        [--workers N [N ...]] [--in-flight K [K ...]]
-                       [--link LINK]
+                       [--link LINK] [--profile]
 """
 
 import argparse
@@ -83,6 +90,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -147,6 +155,7 @@ def worker_main(argv):
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--epochs", type=int, required=True)
     parser.add_argument("--in-flight", type=int, default=1)
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["KERAS_BACKEND"] = "tensorflow"
@@ -188,6 +197,10 @@ def worker_main(argv):
         model.compile(optimizer, "sparse_categorical_crossentropy")
 
     timer = epoch_timer(keras)
+    profile = None
+    if args.profile and not tf_keras and not mwms:
+        profile = CoordinatorProfile(tf)
+        timer.on_second_epoch = profile.reset
     in_flight = {}
     if args.worker in TAKE_IN_FLIGHT:
         in_flight["in_flight_per_worker"] = args.in_flight
@@ -231,7 +244,53 @@ def worker_main(argv):
         if args.worker == "ps_agn_keras_clones":
             rounds = optimizer.communication_rounds.numpy()
             result["commits"] = int(rounds)
+        if profile is not None:
+            result["profile_ms"] = profile.per_step(seconds)
         print(RESULT + json.dumps(result), flush=True)
+
+
+class CoordinatorProfile:
+    """Times the parts of keras_clones's coordinator loop
+    (`parameter_server.training.AsyncTraining`): the scheduling of
+    functions and the applying of results, by wrapping the two methods
+    that do them; the rest of an epoch is waiting (and callbacks)."""
+
+    def __init__(self, tf):
+        from keras_clones.parameter_server import training
+
+        self.seconds = {"schedule": 0.0, "apply": 0.0}
+        self.applied = 0
+        coordinator = tf.distribute.coordinator.ClusterCoordinator
+        self._wrap(coordinator, "schedule", "schedule")
+        self._wrap(training.AsyncTraining, "_apply", "apply", count=True)
+
+    def _wrap(self, cls, method, part, count=False):
+        original = getattr(cls, method)
+        profile = self
+
+        def timed(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                profile.seconds[part] += time.perf_counter() - start
+                profile.applied += count
+
+        setattr(cls, method, timed)
+
+    def reset(self):
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        self.applied = 0
+
+    def per_step(self, epoch_seconds):
+        """Milliseconds per applied step of each part, and of the rest of
+        the timed epochs' `epoch_seconds`."""
+        steps = max(self.applied, 1)
+        parts = {k: 1e3 * v / steps for k, v in self.seconds.items()}
+        parts["wait_and_rest"] = 1e3 * epoch_seconds / steps - sum(
+            parts.values()
+        )
+        return parts
 
 
 def in_process_cluster(tf_keras, workers):
@@ -262,8 +321,11 @@ def epoch_timer(keras):
         def __init__(self):
             super().__init__()
             self.epochs = []
+            self.on_second_epoch = None  # Called as the timed epochs begin.
 
         def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1 and self.on_second_epoch is not None:
+                self.on_second_epoch()
             self.start = time.perf_counter()
 
         def on_epoch_end(self, epoch, logs=None):
@@ -329,6 +391,12 @@ def parse_args():
         action="store_true",
         help="a smoke run: 2 workers, few steps, one repeat (under a minute)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also time the parts of keras_clones's coordinator loop per "
+        "step (scheduling, applying, the rest)",
+    )
     args = parser.parse_args()
     if args.in_flight is None:
         args.in_flight = QUICK_IN_FLIGHT if args.quick else IN_FLIGHT
@@ -361,6 +429,8 @@ def run_variant(kind, workers, in_flight, args, wrap=None):
     arguments = [__file__, WORKER_FLAG, kind, "--workers", str(workers)]
     arguments += ["--steps", str(args.steps), "--epochs", str(args.epochs)]
     arguments += ["--in-flight", str(in_flight)]
+    if args.profile:
+        arguments.append("--profile")
     start = time.perf_counter()
     if KINDS[kind][1]:
         status, lines = launching.run_launch(
@@ -448,6 +518,27 @@ def throughput_table(results, args):
     return "\n".join(lines) + "\n"
 
 
+def profile_table(results):
+    """The coordinator's milliseconds per applied step, by part (medians
+    over the repeats), for the runs that were profiled."""
+    lines = [
+        "The coordinator's time per applied result (ms, medians over the "
+        "repeats; epochs 2..E): a step, or for AGN a period's commit.",
+        "",
+        "| variant | scheduling | applying | waiting and the rest | total |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, runs in results.items():
+        profiled = [r["profile_ms"] for r in runs if "profile_ms" in r]
+        if not profiled:
+            continue
+        parts = ("schedule", "apply", "wait_and_rest")
+        medians = [statistics.median(p[k] for p in profiled) for k in parts]
+        cells = " | ".join(f"{m:.2f}" for m in medians)
+        lines.append(f"| {name} | {cells} | {sum(medians):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def ratios(args):
     """(numerator, denominator, goal or None) for the worker counts run."""
     rows = []
@@ -518,6 +609,8 @@ def main():
         name: AGN_NOTE for name, runs in results.items() if refused(runs)
     }
     print(ratio_table(results, ratios(args), "examples_per_s", refusals))
+    if args.profile:
+        print(profile_table(results))
     failed = [name for name, runs in results.items() if not runs]
     return 1 if failed else 0
 
