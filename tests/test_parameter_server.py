@@ -34,6 +34,7 @@ GROUPS = (
             "in_flight",
             "overwritten",
             "placement_one_server",
+            "steps_per_execution",
         ),
     ),
     (1, 1, ("agn_inner_optimizers",)),
@@ -243,6 +244,27 @@ def test_the_deployments_job_names_send_nothing_to_the_wrong_task(
     assert worker <= {("", ""), ("worker", "")}
 
 
+@pytest.mark.parametrize("case", ["sgd", "adam", "sgd_inf_nan"])
+def test_steps_per_execution_computes_k_steps_on_one_read_and_applies_them(
+    scenario, case
+):
+    # 3 steps per scheduled function: each computed on the weights its
+    # worker read when the function started, applied in order, as the
+    # reference replays them (InfNanCheck skipping the nan batch of each
+    # epoch); reading before every step would differ. Callbacks see every
+    # third step, as Keras's at steps_per_execution=3.
+    result = scenario("steps_per_execution")[case]
+    assert result["weights"] < 1e-5
+    assert result["fresh"] > 1e-4
+    assert result["batches"] == [2, 5] * 2
+    if case == "sgd_inf_nan":
+        # A skipped step leaves `iterations` as it was, as in one process.
+        assert result["skipped"] == [1.0, 1.0]
+        assert result["iterations"] == 10
+    else:
+        assert result["iterations"] == 12
+
+
 def test_a_stopped_fit_applies_nothing_still_in_flight(scenario):
     # Stopped after step 2 (the third) with 2 in flight: step 3, computed
     # meanwhile, is not applied; the next `fit` applies its own 12 steps.
@@ -357,7 +379,11 @@ def test_inf_nan_check_skips_agns_local_step_on_the_worker(scenario):
         ("job_names", "ps_job_name='params' \\(the strategy's jobs"),
         ("missing_device", "'/device:CPU:5', which the workers do not have"),
         ("replicated", "`variable_update='replicated'` cannot apply"),
-        ("steps_per_execution", "`steps_per_execution` must be 1"),
+        (
+            "steps_per_execution",
+            "`steps_per_epoch` must be a multiple of it.*=2, .*=4",
+        ),
+        ("agn_steps_per_execution", "AGNOptimizer.*must be 1 with it.*=3"),
         ("agn_steps", "multiple of `communication_period`.*=4, .*=3"),
         ("agn_lion_fine", "^no error$"),
         ("agn_loss_scaled", "wrapped in a LossScaleOptimizer"),

@@ -4,7 +4,9 @@ Keras's own loop, over asynchronous steps (`training.AsyncTraining`): a
 step is one worker batch, applied by the coordinator; an epoch is
 `steps_per_epoch` steps and ends when all of them are applied. Callbacks,
 the progress bar and `History` see every step as the coordinator applies
-it; `BackupAndRestore` and `ModelCheckpoint` save from the coordinator.
+it (every K-th with `steps_per_execution=K`, whose K steps a scheduled
+function computes and the coordinator applies in one call);
+`BackupAndRestore` and `ModelCheckpoint` save from the coordinator.
 """
 
 import inspect
@@ -152,16 +154,25 @@ def check_arguments(model, arguments):
             "the workers repeat their datasets, so an epoch is a number of "
             "steps (worker batches). Pass `steps_per_epoch=...`."
         )
-    if model.steps_per_execution != 1:
-        raise ValueError(
-            "Under ParameterServerStrategy, each step is applied on its own, "
-            "so `steps_per_execution` must be 1. Received: "
-            f"steps_per_execution={model.steps_per_execution}. Compile "
-            "without it."
-        )
-    if optimizer_capabilities.takes_local_steps(
+    per_call = model.steps_per_execution
+    agn = optimizer_capabilities.takes_local_steps(
         optimizer_capabilities.unwrapped(model.optimizer)
-    ):
+    )
+    if agn and per_call != 1:
+        raise ValueError(
+            "Under ParameterServerStrategy, an AGNOptimizer trains one "
+            "communication period per scheduled function, so "
+            "`steps_per_execution` must be 1 with it (for now). Received: "
+            f"steps_per_execution={per_call}. Compile without it."
+        )
+    if steps % per_call:
+        raise ValueError(
+            "Under ParameterServerStrategy, a scheduled function computes "
+            "`steps_per_execution` steps, so `steps_per_epoch` must be a "
+            f"multiple of it. Received: steps_per_epoch={steps}, "
+            f"steps_per_execution={per_call}."
+        )
+    if agn:
         check_agn(model.optimizer, steps)
     check_deployment(model.deployment, model.distribute_strategy)
 
@@ -196,7 +207,7 @@ def check_agn(optimizer, steps):
 def _work(model):
     if optimizer_capabilities.takes_local_steps(model.optimizer):
         return AGNPeriods(model, model.optimizer)
-    return GradientSteps(model)
+    return GradientSteps(model, model.steps_per_execution)
 
 
 def check_deployment(deployment, strategy):

@@ -865,7 +865,7 @@ def refusals(strategy):
     }
     model.deployment = keras_clones.DeploymentConfig()
     with strategy.scope():
-        model.compile("sgd", "mse", steps_per_execution=2)
+        model.compile("sgd", "mse", steps_per_execution=4)
     results["steps_per_execution"] = refusal(fit())
 
     def agn(inner=None, **kwargs):
@@ -876,7 +876,8 @@ def refusals(strategy):
                 )
                 if kwargs.pop("loss_scaled", False):
                     optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-                model.compile(optimizer, "mse")
+                per_call = kwargs.pop("steps_per_execution", 1)
+                model.compile(optimizer, "mse", steps_per_execution=per_call)
             model.fit(dataset(), **{"steps_per_epoch": 6, **kwargs})
 
         return fit_with
@@ -884,6 +885,7 @@ def refusals(strategy):
     optimizers = keras.optimizers
     results.update(
         agn_steps=refusal(agn(steps_per_epoch=4)),
+        agn_steps_per_execution=refusal(agn(steps_per_execution=3)),
         agn_lion_fine=refusal(agn(optimizers.Lion)),
         agn_loss_scaled=refusal(agn(loss_scaled=True)),
         agn_fine=refusal(agn(optimizers.AdamW)),
@@ -986,6 +988,69 @@ def two_parameter_servers(strategy):
     return results
 
 
+class BatchesSeen(keras.callbacks.Callback):
+    """The batch index of every `on_train_batch_end`."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches.append(batch)
+
+
+def steps_per_execution(strategy):
+    """3 steps per scheduled function on 1 worker (one in flight): SGD,
+    Adam, and SGD under InfNanCheck with a nan batch, against the reference
+    replayed on each function's one read (step n reads the weights after
+    3 * (n // 3) updates); the batches callbacks saw; the updates."""
+    per_call = 3
+    x, y = data()
+    y[BATCH : 2 * BATCH] = np.nan  # The second batch of every epoch.
+    nan_batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    cases = {  # name: (Keras's, by hand, batches, callbacks)
+        "sgd": (lambda: keras.optimizers.SGD(0.05), lambda: hand.SGD(0.05)),
+        "adam": (lambda: keras.optimizers.Adam(0.01), lambda: hand.Adam(0.01)),
+        "sgd_inf_nan": (
+            lambda: keras.optimizers.SGD(0.05),
+            lambda: hand.SGD(0.05),
+            nan_batches,
+        ),
+    }
+    results = {}
+    for name, (optimizer, by_hand, *batches) in cases.items():
+        with strategy.scope():
+            model = functional(keras_clones.CloneModel)
+            model.compile(optimizer(), "mse", steps_per_execution=per_call)
+        start = model.get_weights()
+        seen = BatchesSeen()
+        callbacks = [seen]
+        if batches:
+            callbacks.append(keras_clones.callbacks.InfNanCheck())
+        history = model.fit(
+            batches[0] if batches else dataset(),
+            epochs=EPOCHS,
+            steps_per_epoch=STEPS,
+            callbacks=callbacks,
+            verbose=0,
+        )
+        reads = [per_call * (n // per_call) for n in range(EPOCHS * STEPS)]
+        source = batches[0] if batches else None
+        results[name] = {
+            "weights": max_difference(
+                model.get_weights(), replayed(start, reads, by_hand, source)
+            ),
+            "fresh": max_difference(
+                model.get_weights(),
+                replayed(start, range(len(reads)), by_hand, source),
+            ),
+            "batches": seen.batches,
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "skipped": history.history.get("skipped_steps"),
+        }
+    return results
+
+
 def traced_devices(function):
     """The (job, task) of every op of each graph `function` (a
     `tf.function`) traced, as strings ("" where unset)."""
@@ -1046,6 +1111,7 @@ SCENARIOS = {
     "two_parameter_servers": two_parameter_servers,
     "overwritten": overwritten,
     "placement_one_server": placement,
+    "steps_per_execution": steps_per_execution,
     "placement_two_servers": placement,
 }
 
