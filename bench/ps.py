@@ -68,6 +68,13 @@ All servers of a parameter-server variant (N workers, 1 parameter server,
 each with N + 2 inter-op threads, as `InProcessCluster` makes them) and the
 coordinator share this machine's cores, as do the N processes of MWMS.
 
+With `--steps-per-execution K`, the plain parameter-server variants
+(keras_clones's and tf-keras's) compile with `steps_per_execution=K`: a
+scheduled function then runs K steps (keras_clones: on one read of the
+weights, applied by the coordinator in one call); AGN and MWMS keep 1.
+Compare K = 1 and K = 10 with two runs; within one run both sides use the
+same K.
+
 With `--profile`, the keras_clones parameter-server runs also time the
 coordinator's loop over epochs 2..E, per applied result (a step; for
 AGN a period's commit): scheduling
@@ -83,6 +90,7 @@ Usage:
     python bench/ps.py [--quick] [--repeats R] [--steps S] [--epochs E]
                        [--workers N [N ...]] [--in-flight K [K ...]]
                        [--link LINK] [--profile]
+                       [--steps-per-execution K]
 """
 
 import argparse
@@ -140,8 +148,23 @@ QUICK_IN_FLIGHT = (1, 2)
 TAKE_IN_FLIGHT = ("ps_keras_clones", "ps_agn_keras_clones")
 
 
+# The kinds that take `compile(steps_per_execution=...)` (plain optimizers
+# under parameter servers; an AGNOptimizer there needs 1).
+TAKE_STEPS_PER_EXECUTION = ("ps_keras_clones", "ps_tf_keras")
+PER_CALL = {"steps_per_execution": 1}  # The run's, set by `main`.
+
+
+def steps_per_execution(kind):
+    """The `steps_per_execution` variant `kind` compiles with."""
+    if kind in TAKE_STEPS_PER_EXECUTION:
+        return PER_CALL["steps_per_execution"]
+    return 1
+
+
 def variant_name(kind, workers, in_flight=1):
     name = f"{KINDS[kind][0]} {workers}w"
+    if steps_per_execution(kind) != 1:
+        name += f", {steps_per_execution(kind)} steps per call"
     return name if in_flight == 1 else f"{name}, {in_flight} in flight"
 
 
@@ -156,6 +179,7 @@ def worker_main(argv):
     parser.add_argument("--epochs", type=int, required=True)
     parser.add_argument("--in-flight", type=int, default=1)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--steps-per-execution", type=int, default=1)
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["KERAS_BACKEND"] = "tensorflow"
@@ -194,7 +218,11 @@ def worker_main(argv):
         optimizer = synthetic_mlp.sgd(keras)
         if args.worker == "ps_agn_keras_clones":
             optimizer = keras_clones.AGNOptimizer(optimizer, AGN_PERIOD)
-        model.compile(optimizer, "sparse_categorical_crossentropy")
+        model.compile(
+            optimizer,
+            "sparse_categorical_crossentropy",
+            steps_per_execution=args.steps_per_execution,
+        )
 
     timer = epoch_timer(keras)
     profile = None
@@ -392,6 +420,14 @@ def parse_args():
         help="a smoke run: 2 workers, few steps, one repeat (under a minute)",
     )
     parser.add_argument(
+        "--steps-per-execution",
+        type=positive_int,
+        default=1,
+        help="`compile(steps_per_execution=K)` of the plain "
+        "parameter-server variants, keras_clones's and tf-keras's (AGN "
+        "and MWMS keep 1); a divisor of --steps",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="also time the parts of keras_clones's coordinator loop per "
@@ -420,6 +456,8 @@ def parse_args():
         )
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (the first is not timed)")
+    if args.steps % args.steps_per_execution:
+        parser.error("--steps must be a multiple of --steps-per-execution")
     return args
 
 
@@ -429,6 +467,7 @@ def run_variant(kind, workers, in_flight, args, wrap=None):
     arguments = [__file__, WORKER_FLAG, kind, "--workers", str(workers)]
     arguments += ["--steps", str(args.steps), "--epochs", str(args.epochs)]
     arguments += ["--in-flight", str(in_flight)]
+    arguments += ["--steps-per-execution", str(steps_per_execution(kind))]
     if args.profile:
         arguments.append("--profile")
     start = time.perf_counter()
@@ -541,35 +580,43 @@ def profile_table(results):
 
 def ratios(args):
     """(numerator, denominator, goal or None) for the worker counts run."""
+    kc, tfk, agn, mw = (
+        lambda n, k=1, kind=kind: variant_name(kind, n, k)
+        for kind in (
+            "ps_keras_clones",
+            "ps_tf_keras",
+            "ps_agn_keras_clones",
+            "mwms_keras_clones",
+        )
+    )
     rows = []
     for n in args.workers:
-        rows.append((f"{KC_PS} {n}w", f"{TFK_PS} {n}w", 1.0))
+        rows.append((kc(n), tfk(n), 1.0))
     for n in args.workers:
-        rows.append((f"{KC_PS} {n}w", f"{KC_MW} {n}w", 1.0))
+        rows.append((kc(n), mw(n), 1.0))
     for n in args.workers:
-        rows.append((f"{TFK_PS} {n}w", f"{KC_MW} {n}w", None))
+        rows.append((tfk(n), mw(n), None))
     for n in args.workers:
         # The issue's goal: async AGN(10) on 2 workers >= 1.5x tf-keras PS.
         goal = AGN_GOAL if n == 2 else None
-        rows.append((f"{AGN_PS} {n}w", f"{TFK_PS} {n}w", goal))
+        rows.append((agn(n), tfk(n), goal))
     for n in args.workers:
-        rows.append((f"{AGN_PS} {n}w", f"{KC_PS} {n}w", None))
+        rows.append((agn(n), kc(n), None))
     # More in flight: plain and AGN against tf-keras, the same goals.
     for k in args.in_flight[1:]:
         for n in args.workers:
-            plain, agn = f"{KC_PS} {n}w, {k} in flight", f"{AGN_PS} {n}w"
-            rows.append((plain, f"{TFK_PS} {n}w", 1.0))
+            rows.append((kc(n, k), tfk(n), 1.0))
             goal = AGN_IN_FLIGHT_GOAL if n == 2 else None
-            rows.append((f"{agn}, {k} in flight", f"{TFK_PS} {n}w", goal))
-    for label in (KC_PS, AGN_PS, TFK_PS, KC_MW):
+            rows.append((agn(n, k), tfk(n), goal))
+    for make in (kc, agn, tfk, mw):
         for n in args.workers[1:]:
-            first = args.workers[0]
-            rows.append((f"{label} {n}w", f"{label} {first}w", None))
+            rows.append((make(n), make(args.workers[0]), None))
     return rows
 
 
 def main():
     args = parse_args()
+    PER_CALL["steps_per_execution"] = args.steps_per_execution
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPU cores.")
     kinds = list(KINDS)
     if not launching.tf_keras_installed():
