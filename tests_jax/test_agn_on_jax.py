@@ -466,3 +466,39 @@ def test_what_needs_tensorflow_says_so_under_jax():
             result = method()
             if hasattr(result, "__enter__"):
                 result.__enter__()
+
+
+class LazyMLP(keras.Model):
+    """The MLP as users subclass it: its layers built on the first call."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(4, activation="tanh")
+        self.out = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
+class WeightsAtStart(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.weights = self.model.get_weights()
+
+
+def test_a_lazily_built_subclassed_model_trains_as_the_rule_by_hand():
+    x, y = digits_like_data()
+    keras.utils.set_random_seed(5)
+    model = LazyMLP()
+    model.compile(agn_adam(), "mse")
+    start = WeightsAtStart()
+    model.fit(
+        x, y, batch_size=BATCH, shuffle=False, callbacks=[start], verbose=0
+    )
+    # A model built from the weights it started from, by hand.
+    reference = mlp()
+    reference.set_weights(start.weights)
+    local, center = by_hand_of(reference, x, y, BATCHES, 4).history[-1]
+    np.testing.assert_allclose(
+        agn.flat(model.get_weights()), local[0], atol=1e-5
+    )
+    np.testing.assert_allclose(centers_of(model), center, atol=1e-5)
