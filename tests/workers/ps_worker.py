@@ -441,14 +441,20 @@ def in_flight(strategy):
     return results
 
 
-class StopAfterBatch(keras.callbacks.Callback):
-    def __init__(self, batch):
+class AfterBatch(keras.callbacks.Callback):
+    """Stops training (`action="stop"`) or raises (`"raise"`) after batch
+    `batch`."""
+
+    def __init__(self, batch, action):
         super().__init__()
-        self.batch = batch
+        self.batch, self.action = batch, action
 
     def on_train_batch_end(self, batch, logs=None):
-        if batch == self.batch:
-            self.model.stop_training = True
+        if batch != self.batch:
+            return
+        if self.action == "raise":
+            raise ValueError(f"A callback failed after batch {batch}.")
+        self.model.stop_training = True
 
 
 def in_flight_stopped(strategy):
@@ -458,7 +464,7 @@ def in_flight_stopped(strategy):
         model = functional(keras_clones.CloneModel)
         model.compile(keras.optimizers.SGD(0.05), "mse")
     counts = []
-    for callbacks in ([SlowToApply(), StopAfterBatch(2)], []):
+    for callbacks in ([SlowToApply(), AfterBatch(2, "stop")], []):
         model.fit(
             dataset(),
             epochs=EPOCHS,
@@ -469,16 +475,6 @@ def in_flight_stopped(strategy):
         )
         counts.append(int(model.optimizer.iterations.numpy()))
     return counts
-
-
-class RaiseAfterBatch(keras.callbacks.Callback):
-    def __init__(self, batch):
-        super().__init__()
-        self.batch = batch
-
-    def on_train_batch_end(self, batch, logs=None):
-        if batch == self.batch:
-            raise ValueError(f"A callback failed after batch {batch}.")
 
 
 def in_flight_raised(strategy, optimizer, by_hand):
@@ -495,7 +491,7 @@ def in_flight_raised(strategy, optimizer, by_hand):
             dataset(),
             epochs=EPOCHS,
             steps_per_epoch=STEPS,
-            callbacks=[SlowToApply(), staleness, RaiseAfterBatch(2)],
+            callbacks=[SlowToApply(), staleness, AfterBatch(2, "raise")],
             verbose=0,
             in_flight_per_worker=2,
         )
