@@ -502,3 +502,26 @@ def test_a_lazily_built_subclassed_model_trains_as_the_rule_by_hand():
         agn.flat(model.get_weights()), local[0], atol=1e-5
     )
     np.testing.assert_allclose(centers_of(model), center, atol=1e-5)
+
+
+def test_constraints_hold_for_the_local_weights_and_the_centers():
+    # As on TensorFlow: a NonNeg kernel stays >= 0, and its center too,
+    # where unconstrained training takes it below 0.
+    x, y = digits_like_data()
+    kernels = []
+    for constraint in (None, keras.constraints.NonNeg()):
+        keras.utils.set_random_seed(6)
+        model = keras.Sequential(
+            [
+                keras.Input((5,)),
+                keras.layers.Dense(2, kernel_constraint=constraint),
+            ]
+        )
+        model.compile(agn_adam(overlap=True), "mse")
+        model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+        kernel = model.trainable_variables[0]
+        center = model.optimizer.global_center_variable(kernel)
+        kernels.append((kernel.numpy(), keras.ops.convert_to_numpy(center)))
+    (free, free_center), (kept, kept_center) = kernels
+    assert free.min() < -0.01 and free_center.min() < -0.01
+    assert kept.min() >= 0.0 and kept_center.min() >= 0.0
