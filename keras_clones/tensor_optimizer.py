@@ -22,6 +22,7 @@ class TensorOptimizer:
 
     def __init__(self, optimizer, variables, where):
         self.optimizer = optimizer
+        self._where = where
         try:
             with warnings.catch_warnings():
                 # A callable learning rate is not serialized: it is read
@@ -58,6 +59,24 @@ class TensorOptimizer:
         slots and step count, not its learning rate), in the order `step`
         takes their values; their values are the state before a step."""
         return self._state_variables
+
+    @property
+    def source_state_variables(self):
+        """The variables of the optimizer this copies (built over the same
+        variables) that hold the state `state_templates` describe, in that
+        order: read them to continue its updates on tensors."""
+        learning_rate = internals.learning_rate_object(self.optimizer)
+        source = [v for v in self.optimizer.variables if v is not learning_rate]
+        shapes = [tuple(v.shape) for v in source]
+        if shapes != [tuple(v.shape) for v in self._state_variables]:
+            raise ValueError(
+                f"{self._where} on tensors, from the state of "
+                f"{self.optimizer!r}, but its variables (shapes {shapes}) "
+                "are not those of a copy made from its config. Build it "
+                "over the model's trainable variables, and give its class "
+                "a `get_config` that `from_config` takes."
+            )
+        return source
 
     def iteration(self, state):
         """The step count in `state` (values in `state_templates`' order)."""

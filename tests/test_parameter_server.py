@@ -245,17 +245,20 @@ def test_the_deployments_job_names_send_nothing_to_the_wrong_task(
 
 
 @pytest.mark.parametrize("case", ["sgd", "adam", "sgd_inf_nan"])
-def test_steps_per_execution_computes_k_steps_on_one_read_and_applies_them(
+def test_steps_per_execution_on_one_worker_trains_as_one_process(
     scenario, case
 ):
-    # 3 steps per scheduled function: each computed on the weights its
-    # worker read when the function started, applied in order, as the
-    # reference replays them (InfNanCheck skipping the nan batch of each
-    # epoch); reading before every step would differ. Callbacks see every
+    # 3 steps per scheduled function, one in flight: the function reads the
+    # weights once, and its later steps are computed where its own earlier
+    # steps moved them, so that one worker trains as one process (the
+    # reference with fresh reads; InfNanCheck skipping the nan batch of
+    # each epoch). All 3 on the one read would differ. Callbacks see every
     # third step, as Keras's at steps_per_execution=3.
     result = scenario("steps_per_execution")[case]
-    assert result["weights"] < 1e-5
-    assert result["fresh"] > 1e-4
+    assert result["weights"] < 1e-6
+    assert result["fresh"] < 1e-6
+    assert result["unmoved"] > 1e-2
+    assert result["staleness"] == [0] * 4
     assert result["batches"] == [2, 5] * 2
     if case == "sgd_inf_nan":
         # A skipped step leaves `iterations` as it was, as in one process.
@@ -263,6 +266,22 @@ def test_steps_per_execution_computes_k_steps_on_one_read_and_applies_them(
         assert result["iterations"] == 10
     else:
         assert result["iterations"] == 12
+
+
+def test_steps_per_execution_with_two_in_flight_moves_each_read_by_its_own(
+    scenario,
+):
+    # 3 steps per function, 2 functions in flight: a function's first step
+    # is on the weights it read (its position from its staleness, in
+    # functions), its later ones where its own steps moved them (Adam's
+    # state read with the weights), as the reference replays it; fresh
+    # reads, or all 3 steps on the read, would differ.
+    result = scenario("steps_per_execution")["adam_two_in_flight"]
+    assert result["weights"] < 1e-6
+    assert result["staleness"] == [0, 1] * 2
+    assert result["fresh"] > 1e-2
+    assert result["unmoved"] > 1e-2
+    assert result["iterations"] == 12
 
 
 def test_a_stopped_fit_applies_nothing_still_in_flight(scenario):

@@ -21,6 +21,7 @@ import typing
 
 import tensorflow as tf
 
+from keras_clones.parameter_server.downpour import kept_unless_skipped
 from keras_clones.parameter_server.inner_optimizer import WorkerInnerOptimizer
 from keras_clones.step_hooks import Verdict
 
@@ -112,7 +113,7 @@ class AGNPeriods:
             # The guard (InfNanCheck) judges each local step on the
             # coordinator; a non-finite one changes nothing here, and still
             # counts toward the period.
-            new = _kept(finite, new, copy)
+            new = kept_unless_skipped(finite, new, copy)
         # What the logs need: not the gradients, the inputs or the state.
         logged = computed._replace(
             grads=[],
@@ -178,9 +179,3 @@ def _added(total, grads):
         t if g is None else t + tf.convert_to_tensor(g)
         for t, g in zip(total, grads)
     ]
-
-
-def _kept(finite, new, old):
-    """`new` where every check in `finite` passed, else `old`."""
-    ok = tf.reduce_all(finite)
-    return tf.nest.map_structure(lambda n, o: tf.where(ok, n, o), new, old)

@@ -106,6 +106,7 @@ def agn(
     mixing=0.5,
     skipped=(),
     reads=None,
+    per_read=1,
     resize=None,
 ):
     """AGN for `steps` steps from the flat weights `start`.
@@ -120,7 +121,11 @@ def agn(
             accumulate nothing, yet count toward the period.
         reads: under parameter servers (one worker, one fragment, no
             overlap), how many commits the centers had taken when each
-            period began.
+            scheduled function of `per_read` periods read them.
+        per_read: with `reads`, periods per scheduled function. Its first
+            period starts from the centers read; each later one from where
+            its worker's own commits moved them, by a copy of the outer
+            optimizer as it stood at the read.
         resize: `(step, workers)`: from step `step` (from 0) on `workers`
             workers, as a resume on another number of workers defines it:
             the first workers keep their state; a new one starts from the
@@ -146,6 +151,8 @@ def agn(
     if reads is not None and (workers, fragments, overlap) != (1, 1, False):
         raise ValueError("`reads`: one worker, one fragment, no overlap.")
     after = [center.copy()]  # The centers after each commit.
+    outer_after = [copy.deepcopy(outers[0])]  # The outer optimizer then.
+    own_outer = copy.deepcopy(outers[0])  # With `reads`: a worker's copy.
 
     def apply(f, mean, mixing):
         part = parts[f]
@@ -184,8 +191,13 @@ def agn(
             if not overlap:
                 apply(f, mean, mixing=0.0)
                 after.append(center.copy())
-                if reads is not None and rounds < len(reads):
-                    local[0] = after[reads[rounds]].copy()
+                outer_after.append(copy.deepcopy(outers[0]))
+                call, within = divmod(rounds, per_read)
+                if reads is not None and within:  # Its own commits moved it.
+                    local[0] = own_outer.step(begun[0], mean)
+                elif reads is not None and call < len(reads):
+                    local[0] = after[reads[call]].copy()
+                    own_outer = copy.deepcopy(outer_after[reads[call]])
             elif in_flight[f] is not None:
                 apply(f, in_flight[f], mixing)
             if overlap:

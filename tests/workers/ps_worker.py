@@ -343,15 +343,18 @@ class StalenessOfEachStep(keras.callbacks.Callback):
         self.mean = mean
 
 
-def replayed(start, reads, optimizer, batches=None, period=1, **agn_options):
-    """The reference (tests/reference) on `reads`: step (period) n's
-    gradients taken at the weights after `reads[n]` updates (commits), of
-    each epoch's `batches` in order, as a worker iterates them; applied by
-    `optimizer()` by hand, the outer optimizer of an AGN of `period` (1:
-    asynchronous training with that optimizer). A step whose loss is not
-    finite is skipped, as `InfNanCheck` skips it."""
+def replayed(
+    start, reads, optimizer, batches=None, period=1, per_read=1, **agn_options
+):
+    """The reference (tests/reference) on `reads`: scheduled function n's
+    `per_read` steps (periods) from the weights after `reads[n]` updates
+    (commits), the later ones moved by its own, of each epoch's `batches`
+    in order, as a worker iterates them; applied by `optimizer()` by hand,
+    the outer optimizer of an AGN of `period` (1: asynchronous training
+    with that optimizer). A step whose loss is not finite is skipped, as
+    `InfNanCheck` skips it."""
     x, y = (np.stack(a) for a in zip(*(list(batches or dataset()))))
-    steps = len(reads) * period
+    steps = len(reads) * period * per_read
     skipped = {
         (0, n) for n in range(steps) if not np.isfinite(y[n % STEPS]).all()
     }
@@ -372,6 +375,7 @@ def replayed(start, reads, optimizer, batches=None, period=1, **agn_options):
         outer=optimizer,
         skipped=skipped,
         reads=list(reads),
+        per_read=per_read,
         **agn_options,
     )
     return agn_by_hand.unflat(run.center, start)
@@ -996,50 +1000,62 @@ class BatchesSeen(keras.callbacks.Callback):
 
 
 def steps_per_execution(strategy):
-    """3 steps per scheduled function on 1 worker (one in flight): SGD,
-    Adam, and SGD under InfNanCheck with a nan batch, against the reference
-    replayed on each function's one read (step n reads the weights after
-    3 * (n // 3) updates); the batches callbacks saw; the updates."""
+    """3 steps per scheduled function on 1 worker: SGD, Adam, and SGD under
+    InfNanCheck with a nan batch (one in flight), and Adam with 2 in flight,
+    against the reference replayed with each function's one read (its
+    position, from its staleness), its later steps moved by the worker's
+    own; the batches callbacks saw; the updates."""
     per_call = 3
     x, y = data()
     y[BATCH : 2 * BATCH] = np.nan  # The second batch of every epoch.
     nan_batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
-    cases = {  # name: (Keras's, by hand, batches, callbacks)
-        "sgd": (lambda: keras.optimizers.SGD(0.05), lambda: hand.SGD(0.05)),
-        "adam": (lambda: keras.optimizers.Adam(0.01), lambda: hand.Adam(0.01)),
+    sgd = (lambda: keras.optimizers.SGD(0.05), lambda: hand.SGD(0.05))
+    adam = (lambda: keras.optimizers.Adam(0.01), lambda: hand.Adam(0.01))
+    cases = {  # name: ((Keras's, by hand), in flight, batches, callbacks)
+        "sgd": (sgd, 1, dataset(), []),
+        "adam": (adam, 1, dataset(), []),
         "sgd_inf_nan": (
-            lambda: keras.optimizers.SGD(0.05),
-            lambda: hand.SGD(0.05),
+            sgd,
+            1,
             nan_batches,
+            [keras_clones.callbacks.InfNanCheck()],
         ),
+        "adam_two_in_flight": (adam, 2, dataset(), [SlowToApply()]),
     }
     results = {}
-    for name, (optimizer, by_hand, *batches) in cases.items():
+    for name, (optimizers, in_flight, batches, callbacks) in cases.items():
+        optimizer, by_hand = optimizers
         with strategy.scope():
             model = functional(keras_clones.CloneModel)
             model.compile(optimizer(), "mse", steps_per_execution=per_call)
         start = model.get_weights()
-        seen = BatchesSeen()
-        callbacks = [seen]
-        if batches:
-            callbacks.append(keras_clones.callbacks.InfNanCheck())
+        seen, staleness = BatchesSeen(), StalenessOfEachStep()
         history = model.fit(
-            batches[0] if batches else dataset(),
+            batches,
             epochs=EPOCHS,
             steps_per_epoch=STEPS,
-            callbacks=callbacks,
+            callbacks=[seen, staleness, *callbacks],
             verbose=0,
+            in_flight_per_worker=in_flight,
         )
-        reads = [per_call * (n // per_call) for n in range(EPOCHS * STEPS)]
-        source = batches[0] if batches else None
+        reads = [per_call * (n - s) for n, s in enumerate(staleness.values)]
+        steps = range(EPOCHS * STEPS)
         results[name] = {
             "weights": max_difference(
-                model.get_weights(), replayed(start, reads, by_hand, source)
+                model.get_weights(),
+                replayed(start, reads, by_hand, batches, per_read=per_call),
+            ),
+            # Every step on the function's one read, unmoved.
+            "unmoved": max_difference(
+                model.get_weights(),
+                replayed(
+                    start, [r - r % per_call for r in steps], by_hand, batches
+                ),
             ),
             "fresh": max_difference(
-                model.get_weights(),
-                replayed(start, range(len(reads)), by_hand, source),
+                model.get_weights(), replayed(start, steps, by_hand, batches)
             ),
+            "staleness": staleness.values,
             "batches": seen.batches,
             "iterations": int(model.optimizer.iterations.numpy()),
             "skipped": history.history.get("skipped_steps"),
