@@ -37,7 +37,7 @@ GROUPS = (
             "steps_per_execution",
         ),
     ),
-    (1, 1, ("agn_inner_optimizers",)),
+    (1, 1, ("agn_inner_optimizers", "agn_steps_per_execution")),
     (2, 1, ("two_workers", "refusals")),
     (1, 2, ("two_parameter_servers", "placement_two_servers")),
 )
@@ -284,6 +284,36 @@ def test_steps_per_execution_with_two_in_flight_moves_each_read_by_its_own(
     assert result["iterations"] == 12
 
 
+@pytest.mark.parametrize("case", ["contrib_adam", "diloco_adamw"])
+def test_agn_at_two_periods_per_call_on_one_worker_trains_as_one_process(
+    scenario, case
+):
+    # steps_per_execution=6, period 3: a function's second period starts
+    # where its first commit moved the centers (outer Adam; Nesterov
+    # momentum), so one worker trains as AGNOptimizer in one process at
+    # the same steps_per_execution, logs included.
+    result = scenario("agn_steps_per_execution")[case]
+    assert result["weights"] < 1e-6
+    assert result["logs"] < 1e-5
+    assert result["iterations"] == 12
+    assert result["staleness"] == [0.0, 0.0]
+    assert result["loaded"] < 1e-6
+
+
+def test_agn_at_two_periods_per_call_with_two_in_flight_replays_by_hand(
+    scenario,
+):
+    # 2 functions of 2 periods in flight: each function's first period
+    # starts from the centers it read (its position from its staleness),
+    # its second from where its own commit moved them by the outer
+    # momentum, as the reference replays it; fresh reads would differ.
+    result = scenario("agn_steps_per_execution")["momentum_two_in_flight"]
+    assert result["weights"] < 1e-6
+    assert result["staleness"] == [0, 1] * 2
+    assert result["fresh"] > 1e-2
+    assert result["rounds"] == [4.0, 8.0]
+
+
 def test_a_stopped_fit_applies_nothing_still_in_flight(scenario):
     # Stopped after step 2 (the third) with 2 in flight: step 3, computed
     # meanwhile, is not applied; the next `fit` applies its own 12 steps.
@@ -402,7 +432,10 @@ def test_inf_nan_check_skips_agns_local_step_on_the_worker(scenario):
             "steps_per_execution",
             "`steps_per_epoch` must be a multiple of it.*=2, .*=4",
         ),
-        ("agn_steps_per_execution", "AGNOptimizer.*must be 1 with it.*=3"),
+        (
+            "agn_steps_per_execution",
+            "must be 1 .*or a multiple of `communication_period`.*=4, .*=3",
+        ),
         ("agn_steps", "multiple of `communication_period`.*=4, .*=3"),
         ("agn_lion_fine", "^no error$"),
         ("agn_loss_scaled", "wrapped in a LossScaleOptimizer"),

@@ -1,14 +1,18 @@
-"""Asynchronous AGN: a worker takes a period's local steps on its own copy
-of the centers; its commit is applied under the coordinator.
+"""Asynchronous AGN: a worker takes periods of local steps on its own copy
+of the centers; their commits are applied under the coordinator.
 
-Each scheduled function is one communication period on one worker: it
-reads the global centers from the parameter servers, takes
+Each scheduled function is `steps_per_execution / communication_period`
+communication periods on one worker (one with the default 1): it reads the
+global centers from the parameter servers, and for each period takes
 `communication_period` inner steps on tensors (`inner_optimizer`: Keras's
-own, with the worker's own inner-optimizer state), and sends the commit of the
-`AGNOptimizer`'s rule (the period's gradients or weight change, divided by
-the period if `normalize`, in `communication_dtype`) with each step's
-predictions for the logs (`training.AsyncTraining` writes it to a
-parameter server). The coordinator applies the commit there with
+own, with the worker's own inner-optimizer state) and makes the commit of
+the `AGNOptimizer`'s rule (the period's gradients or weight change, divided
+by the period if `normalize`, in `communication_dtype`). Its first period
+starts from the centers read; each later one from where its own commits
+moved them, by the outer optimizer on tensors from its state read with the
+centers, as the coordinator will apply them. The commits travel with each
+step's predictions for the logs (`training.AsyncTraining` writes them to a
+parameter server); the coordinator applies them there, in order, with
 `AGNOptimizer.apply_commit` (the outer optimizer, one commit at a time),
 through the model's step hooks. With a guard in the hooks (`InfNanCheck`),
 a worker keeps its copy as it was after a local step whose loss or
@@ -22,8 +26,11 @@ import typing
 import tensorflow as tf
 
 from keras_clones.parameter_server.downpour import kept_unless_skipped
+from keras_clones.parameter_server.downpour import read_values
 from keras_clones.parameter_server.inner_optimizer import WorkerInnerOptimizer
 from keras_clones.step_hooks import Verdict
+from keras_clones.step_hooks import finiteness
+from keras_clones.tensor_optimizer import TensorOptimizer
 
 
 class _WorkerCopy(typing.NamedTuple):
@@ -43,13 +50,15 @@ class _LoggedStep(typing.NamedTuple):
 
 
 class AGNPeriods:
-    """The work of `AsyncTraining` with an `AGNOptimizer`: one period per
-    scheduled function."""
+    """The work of `AsyncTraining` with an `AGNOptimizer`: `steps` local
+    steps (whole periods) per scheduled function."""
 
-    def __init__(self, model, optimizer):
+    def __init__(self, model, optimizer, steps=1):
         self.model = model
         self.optimizer = optimizer
-        self.steps = optimizer.schedule.period
+        period = optimizer.schedule.period
+        self.steps = max(steps, period)  # Worker batches per function.
+        self._periods = self.steps // period
         self._variables = list(model.trainable_variables)
         self._inner = WorkerInnerOptimizer(
             optimizer.inner_optimizer, self._variables
@@ -57,6 +66,14 @@ class AGNPeriods:
         self._centers = [
             optimizer.global_center_variable(v) for v in self._variables
         ]
+        self._outer = None
+        if self._periods > 1:
+            self._outer = TensorOptimizer(
+                optimizer.outer_optimizer,
+                self._centers,
+                "Under ParameterServerStrategy with `steps_per_execution` "
+                "> `communication_period`, workers run the outer optimizer",
+            )
         with model.distribute_strategy.scope():
             self._state = self._inner.create_state()
 
@@ -64,19 +81,54 @@ class AGNPeriods:
         self.optimizer.start_from_model(self._variables)
 
     def on_worker(self, iterator):
-        pulled = [tf.identity(c.value) for c in self._centers]
-        # The steps committed before this period: where a learning-rate
+        centers = read_values(self._centers)
+        outer = (
+            read_values(self._outer.source_state_variables)
+            if self._outer
+            else []
+        )
+        # The steps committed before this function: where a learning-rate
         # schedule stands for its first local step.
         start = tf.identity(self.optimizer.iterations.value)
-        copy = self._worker_copy(pulled)
-        steps = []
-        for k in range(self.steps):
-            copy, step = self._local_step(copy, next(iterator), start + k)
-            steps.append(step)
-        commit = self._commit(copy.gradient_sums, pulled, copy.weights)
+        copy = self._worker_copy(centers)
+        steps, commits = [], []
+        period = self.steps // self._periods
+        for p in range(self._periods):
+            for k in range(period):
+                copy, step = self._local_step(
+                    copy, next(iterator), start + p * period + k
+                )
+                steps.append(step)
+            commits.append(self._commit(copy.gradient_sums, centers, copy))
+            if p < self._periods - 1:
+                centers, outer = self._moved(centers, commits[-1], outer, step)
+                copy = copy._replace(
+                    weights=centers,
+                    gradient_sums=[
+                        tf.zeros_like(s) for s in copy.gradient_sums
+                    ],
+                )
         with tf.control_dependencies(self._kept_by_worker(copy)):
-            commit = [tf.identity(c) for c in commit]
-        return {"commit": commit, "steps": steps}
+            commits = tf.nest.map_structure(tf.identity, commits)
+        return {"commits": commits, "steps": steps}
+
+    def _moved(self, centers, commit, outer, last_step):
+        """The centers and outer-optimizer state after `commit` (as it
+        travels) is applied, as the coordinator applies it: not where the
+        guard will skip it (a commit not finite; with a period of 1, a
+        skipped step)."""
+        received = self.optimizer.commit_rule.received(
+            commit, [v.dtype for v in self._variables]
+        )
+        moved = self._outer.step(
+            centers, received, outer, self._outer.iteration(outer)
+        )
+        if last_step.finite is None:  # No guard.
+            return moved
+        finite = finiteness(None, received)
+        if self.optimizer.communication_period == 1:
+            finite = tf.concat([last_step.finite, finite], 0)
+        return kept_unless_skipped(finite, moved, (centers, outer))
 
     def _worker_copy(self, pulled):
         model = self.model
@@ -135,27 +187,44 @@ class AGNPeriods:
         ]
         return writes
 
-    def _commit(self, gradient_sums, pulled, weights):
-        """The commit of the optimizer's rule, as it travels."""
+    def _commit(self, gradient_sums, start, copy):
+        """The commit of the optimizer's rule, as it travels, of a period
+        that started from the centers `start`."""
         rule = self.optimizer.commit_rule
-        sums = gradient_sums or [None] * len(pulled)
+        sums = gradient_sums or [None] * len(start)
         return rule.to_send(
             [
-                rule.period_commit(s, p, w)
-                for s, p, w in zip(sums, pulled, weights)
+                rule.period_commit(s, c, w)
+                for s, c, w in zip(sums, start, copy.weights)
             ]
         )
 
     def on_coordinator(self, result):
+        """Under the coordinator: each period's steps logged (and judged),
+        then its commit applied, in order; the logs after the last."""
+        period = self.steps // self._periods
+        steps = result["steps"]
+        logs = None
+        for p, commit in enumerate(result["commits"]):
+            logs = self._apply_period(
+                steps[p * period : (p + 1) * period], commit
+            )
+        logs = dict(logs)
+        logs["communication_rounds"] = tf.identity(
+            self.optimizer.communication_rounds
+        )
+        return logs
+
+    def _apply_period(self, steps, commit):
         model = self.model
         commit = self.optimizer.commit_rule.received(
-            result["commit"], [v.dtype for v in self._variables]
+            commit, [v.dtype for v in self._variables]
         )
         logs = {}
         # The optimizer steps this commit counts, numbered as the
         # coordinator counts them: `iterations` before each local step.
         start = tf.identity(self.optimizer.iterations.value)
-        for k, step in enumerate(result["steps"]):
+        for k, step in enumerate(steps):
             applied = None
             if step.finite is not None:
                 applied = model.step_hooks.judge(
@@ -165,10 +234,6 @@ class AGNPeriods:
         # The commit is one update of the centers, as a guard sees it.
         self.optimizer.apply_commit(
             commit, self._variables, model.step_hooks, applied
-        )
-        logs = dict(logs)
-        logs["communication_rounds"] = tf.identity(
-            self.optimizer.communication_rounds
         )
         return logs
 

@@ -43,9 +43,9 @@ class GradientSteps:
         model = self.model
         if self.steps == 1:
             return [model.compute(next(iterator))._replace(x=None)]
-        weights = _read(model.trainable_variables)
-        states = _read(model.non_trainable_variables)
-        slots = _read(self._optimizer.source_state_variables)
+        weights = read_values(model.trainable_variables)
+        states = read_values(model.non_trainable_variables)
+        slots = read_values(self._optimizer.source_state_variables)
         steps = []
         for k in range(self.steps):
             computed = model.compute(next(iterator), values=(weights, states))
@@ -86,5 +86,6 @@ def kept_unless_skipped(finite, new, old):
     return tf.nest.map_structure(lambda n, o: tf.where(ok, n, o), new, old)
 
 
-def _read(variables):
+def read_values(variables):
+    """The values of `variables` now (tensors), each read once."""
     return [tf.identity(v.value) for v in variables]

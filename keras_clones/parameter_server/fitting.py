@@ -158,13 +158,8 @@ def check_arguments(model, arguments):
     agn = optimizer_capabilities.takes_local_steps(
         optimizer_capabilities.unwrapped(model.optimizer)
     )
-    if agn and per_call != 1:
-        raise ValueError(
-            "Under ParameterServerStrategy, an AGNOptimizer trains one "
-            "communication period per scheduled function, so "
-            "`steps_per_execution` must be 1 with it (for now). Received: "
-            f"steps_per_execution={per_call}. Compile without it."
-        )
+    if agn:
+        check_agn(model.optimizer, steps, per_call)
     if steps % per_call:
         raise ValueError(
             "Under ParameterServerStrategy, a scheduled function computes "
@@ -172,14 +167,12 @@ def check_arguments(model, arguments):
             f"multiple of it. Received: steps_per_epoch={steps}, "
             f"steps_per_execution={per_call}."
         )
-    if agn:
-        check_agn(model.optimizer, steps)
     check_deployment(model.deployment, model.distribute_strategy)
 
 
-def check_agn(optimizer, steps):
+def check_agn(optimizer, steps, per_call=1):
     """Refuses an `AGNOptimizer` parameter servers cannot train with, at
-    `steps` steps per epoch."""
+    `steps` steps per epoch and `per_call` per scheduled function."""
     if optimizer_capabilities.loss_scaled(optimizer):
         raise ValueError(
             "Under ParameterServerStrategy, an AGNOptimizer cannot be "
@@ -195,6 +188,14 @@ def check_agn(optimizer, steps):
             "AGNOptimizer with `overlap=False` and `fragments=1`."
         )
     period = optimizer.communication_period
+    if per_call != 1 and per_call % period:
+        raise ValueError(
+            "Under ParameterServerStrategy, a scheduled function trains "
+            "whole communication periods of an AGNOptimizer, so "
+            "`steps_per_execution` must be 1 (one period per function) or "
+            "a multiple of `communication_period`. Received: "
+            f"steps_per_execution={per_call}, communication_period={period}."
+        )
     if steps % period:
         raise ValueError(
             "Under ParameterServerStrategy, each worker trains whole "
@@ -206,7 +207,7 @@ def check_agn(optimizer, steps):
 
 def _work(model):
     if optimizer_capabilities.takes_local_steps(model.optimizer):
-        return AGNPeriods(model, model.optimizer)
+        return AGNPeriods(model, model.optimizer, model.steps_per_execution)
     return GradientSteps(model, model.steps_per_execution)
 
 

@@ -92,12 +92,15 @@ def max_difference(a, b):
     )
 
 
-def compare(strategy, make, reference, optimizer):
+def compare(strategy, make, reference, optimizer, per_call=1):
     """Trains `make()` under `strategy`, and `reference()` in one process
-    from the same initial weights; the largest differences."""
+    from the same initial weights, both compiled with `steps_per_execution`
+    `per_call`; the largest differences."""
     with strategy.scope():
         model = make()
-        model.compile(optimizer(), "mse", metrics=["mae"])
+        model.compile(
+            optimizer(), "mse", metrics=["mae"], steps_per_execution=per_call
+        )
     # A subclassed model is built in `fit`.
     start = keras.callbacks.LambdaCallback(
         on_train_begin=lambda logs: start_weights.extend(model.get_weights())
@@ -113,7 +116,9 @@ def compare(strategy, make, reference, optimizer):
         validation_freq=2,
     )
     plain = reference()
-    plain.compile(optimizer(), "mse", metrics=["mae"])
+    plain.compile(
+        optimizer(), "mse", metrics=["mae"], steps_per_execution=per_call
+    )
     plain(data()[0][:1])
     plain.set_weights(start_weights)
     expected = plain.fit(
@@ -234,6 +239,64 @@ def agn_one_worker(strategy):
         ),
         AGN_RULES["contrib_adam"],
     )
+    return results
+
+
+def agn_steps_per_execution(strategy):
+    """Asynchronous AGN (period 3) at `steps_per_execution=6`, 2 periods per
+    scheduled function: on 1 worker against AGNOptimizer in one process
+    (the contrib rule with inner Adam, DiLoCo with outer Nesterov
+    momentum); and with 2 in flight (2 functions an epoch), outer
+    momentum, against the reference replayed on each function's read, its
+    second period from where its first commit moved the centers."""
+    per_call = 6
+    results = {
+        name: compare(
+            strategy,
+            lambda: functional(keras_clones.CloneModel),
+            lambda: functional(keras_clones.CloneModel),
+            AGN_RULES[name],
+            per_call=per_call,
+        )
+        for name in ("contrib_adam", "diloco_adamw")
+    }
+
+    def momentum_agn():
+        return keras_clones.AGNOptimizer(
+            keras.optimizers.SGD(0.05),
+            communication_period=3,
+            outer_optimizer=keras.optimizers.SGD(0.5, momentum=0.9),
+            commit="weight_change",
+            normalize=False,
+        )
+
+    model, history, start, _, staleness = fit_two_in_flight(
+        strategy,
+        momentum_agn,
+        dataset(),
+        per_call=per_call,
+        steps_per_epoch=2 * per_call,
+    )
+    periods = per_call // 3
+    reads = [periods * (n - s) for n, s in enumerate(staleness)]
+    by_hand = {
+        "period": 3,
+        "commit": "weight_change",
+        "normalize": False,
+    }
+    outer = lambda: hand.SGD(0.5, momentum=0.9)  # noqa: E731
+    fresh = range(len(reads) * periods)
+    results["momentum_two_in_flight"] = {
+        "weights": max_difference(
+            model.get_weights(),
+            replayed(start, reads, outer, per_read=periods, **by_hand),
+        ),
+        "fresh": max_difference(
+            model.get_weights(), replayed(start, fresh, outer, **by_hand)
+        ),
+        "staleness": staleness,
+        "rounds": history.history["communication_rounds"],
+    }
     return results
 
 
@@ -389,25 +452,25 @@ class SlowToApply(keras.callbacks.Callback):
         time.sleep(0.2)
 
 
-def fit_two_in_flight(strategy, optimizer, data, **kwargs):
-    """A functional CloneModel compiled with `optimizer()`, trained on
-    `data` with 2 in flight on 1 worker and a coordinator slow to apply;
-    the model, its history, its start weights, each step's read position
-    (from its staleness) and that staleness."""
+def fit_two_in_flight(strategy, optimizer, data, per_call=1, **kwargs):
+    """A functional CloneModel compiled with `optimizer()` (and
+    `steps_per_execution` `per_call`), trained on `data` with 2 in flight
+    on 1 worker and a coordinator slow to apply; the model, its history,
+    its start weights, each step's read position (from its staleness) and
+    that staleness."""
     with strategy.scope():
         model = functional(keras_clones.CloneModel)
-        model.compile(optimizer(), "mse")
+        model.compile(optimizer(), "mse", steps_per_execution=per_call)
     start = model.get_weights()
     staleness = StalenessOfEachStep()
     callbacks = [SlowToApply(), staleness, *kwargs.pop("callbacks", [])]
     history = model.fit(
         data,
         epochs=EPOCHS,
-        steps_per_epoch=STEPS,
         callbacks=callbacks,
         verbose=0,
         in_flight_per_worker=2,
-        **kwargs,
+        **{"steps_per_epoch": STEPS, **kwargs},
     )
     reads = [n - s for n, s in enumerate(staleness.values)]
     return model, history, start, reads, staleness.values
@@ -885,7 +948,7 @@ def refusals(strategy):
     optimizers = keras.optimizers
     results.update(
         agn_steps=refusal(agn(steps_per_epoch=4)),
-        agn_steps_per_execution=refusal(agn(steps_per_execution=3)),
+        agn_steps_per_execution=refusal(agn(steps_per_execution=4)),
         agn_lion_fine=refusal(agn(optimizers.Lion)),
         agn_loss_scaled=refusal(agn(loss_scaled=True)),
         agn_fine=refusal(agn(optimizers.AdamW)),
@@ -1124,6 +1187,7 @@ SCENARIOS = {
     "overwritten": overwritten,
     "placement_one_server": placement,
     "steps_per_execution": steps_per_execution,
+    "agn_steps_per_execution": agn_steps_per_execution,
     "placement_two_servers": placement,
 }
 
