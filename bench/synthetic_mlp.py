@@ -50,18 +50,20 @@ def dataset(rows, batch_size, shard_by_data=False):
     return data
 
 
-def mlp(keras, model_class=None):
-    """The MLP, its weights drawn from `SEED`.
+def mlp(keras, model_class=None, seed=SEED):
+    """The MLP, its weights drawn from `seed`.
 
     Args:
         keras: The Keras module to build with (`keras` or `tf_keras`).
         model_class: A functional model class, e.g.
             `keras_clones.CloneModel`; None for a `keras.Sequential`.
+        seed: The seed of the initial weights (the data set's is `SEED`
+            whatever this is).
 
     Returns:
         The model, not compiled.
     """
-    keras.utils.set_random_seed(SEED)
+    keras.utils.set_random_seed(seed)
     layers = [
         keras.layers.Dense(HIDDEN, activation="relu"),
         keras.layers.Dense(HIDDEN, activation="relu"),
