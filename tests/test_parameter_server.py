@@ -300,6 +300,19 @@ def test_agn_at_two_periods_per_call_on_one_worker_trains_as_one_process(
     assert result["loaded"] < 1e-6
 
 
+def test_agn_at_six_periods_per_call_skips_a_nan_step_on_worker_and_server(
+    scenario,
+):
+    # A period of 1, outer momentum, 6 periods per function, InfNanCheck
+    # and a nan batch each epoch: the worker's centers do not move for the
+    # skipped step, as the coordinator's do not, so one worker trains as
+    # one process, the skips counted alike.
+    result = scenario("agn_steps_per_execution")["guarded_period_one"]
+    assert result["weights"] < 1e-6
+    assert result["skipped"] == result["expected_skipped"] == [1.0, 1.0]
+    assert result["rounds"] == [5.0, 10.0]
+
+
 def test_agn_at_two_periods_per_call_with_two_in_flight_replays_by_hand(
     scenario,
 ):

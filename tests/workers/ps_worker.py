@@ -286,6 +286,7 @@ def agn_steps_per_execution(strategy):
     }
     outer = lambda: hand.SGD(0.5, momentum=0.9)  # noqa: E731
     fresh = range(len(reads) * periods)
+    results["guarded_period_one"] = guarded_period_one(strategy, per_call)
     results["momentum_two_in_flight"] = {
         "weights": max_difference(
             model.get_weights(),
@@ -298,6 +299,39 @@ def agn_steps_per_execution(strategy):
         "rounds": history.history["communication_rounds"],
     }
     return results
+
+
+def guarded_period_one(strategy, per_call):
+    """A period of 1 and outer momentum, `per_call` periods per function,
+    InfNanCheck and a nan batch each epoch, on 1 worker, against the same
+    in one process: the skipped step moves the worker's centers no more
+    than the coordinator's."""
+    x, y = data()
+    y[BATCH : 2 * BATCH] = np.nan  # The second batch of every epoch.
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    check = keras_clones.callbacks.InfNanCheck
+    model, history = fit_agn_on(
+        strategy, batches, check(), momentum_agn_of_one_step, per_call
+    )
+    local = batch_normalized(keras_clones.CloneModel)  # The same weights.
+    local.compile(
+        momentum_agn_of_one_step(), "mse", steps_per_execution=per_call
+    )
+    expected = local.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        callbacks=[check()],
+        verbose=0,
+    )
+    return {
+        "weights": max_difference(model.get_weights(), local.get_weights()),
+        "skipped": history.history["skipped_steps"],
+        "expected_skipped": expected.history["skipped_steps"],
+        "rounds": history.history["communication_rounds"],
+    }
 
 
 class SumOfAppliedGradients:
@@ -854,12 +888,15 @@ def momentum_agn_of_one_step():
     )
 
 
-def fit_agn_on(strategy, dataset, inf_nan_check, optimizer=weight_change_agn):
+def fit_agn_on(
+    strategy, dataset, inf_nan_check, optimizer=weight_change_agn, per_call=1
+):
     """An AGN model with BatchNormalization trained on `dataset` with
-    `inf_nan_check` and `optimizer()`; it and its history."""
+    `inf_nan_check` and `optimizer()` (`steps_per_execution` `per_call`);
+    it and its history."""
     with strategy.scope():
         model = batch_normalized(keras_clones.CloneModel)
-        model.compile(optimizer(), "mse")
+        model.compile(optimizer(), "mse", steps_per_execution=per_call)
     history = model.fit(
         dataset,
         epochs=EPOCHS,
