@@ -77,10 +77,13 @@ parameter-server variants (keras_clones's and tf-keras's) run once per K,
 compiled with `steps_per_execution=K`, all in the same round robin
 (`--steps-per-execution 1 10` measures K = 1 and K = 10 side by side): a
 scheduled function then runs K steps (keras_clones: on one read of the
-weights, applied by the coordinator in one call); AGN and MWMS keep 1. The
-ratios compare keras_clones with tf-keras, and AGN with tf-keras, at each
-K, and keras_clones at each K with itself at K = 1; the other rows
-(against MWMS, more in flight, more workers) are at the smallest K given.
+weights and the optimizer's state, each later step where the earlier ones
+moved them, applied by the coordinator in one call); MWMS keeps 1. AGN(10)
+runs at each `--agn-steps-per-execution` (default 1; 20 runs two periods
+per call). The ratios compare keras_clones with tf-keras, and AGN with
+tf-keras, at each K, and keras_clones at each K with itself at K = 1; the
+other rows (against MWMS, more in flight, more workers) are at the
+smallest K given.
 
 With `--profile`, the keras_clones parameter-server runs also time the
 coordinator's loop over epochs 2..E, per applied result (a step; with K
@@ -98,6 +101,7 @@ Usage:
                        [--workers N [N ...]] [--in-flight K [K ...]]
                        [--link LINK] [--profile]
                        [--steps-per-execution K [K ...]]
+                       [--agn-steps-per-execution K [K ...]]
 """
 
 import argparse
@@ -156,7 +160,7 @@ TAKE_IN_FLIGHT = ("ps_keras_clones", "ps_agn_keras_clones")
 
 
 # The kinds run at each `--steps-per-execution` (plain optimizers; AGN(10)
-# keeps 1, one period per call).
+# runs at each `--agn-steps-per-execution`, by default 1: a period a call).
 TAKE_STEPS_PER_EXECUTION = ("ps_keras_clones", "ps_tf_keras")
 # The steps per call at which keras_clones PS >= tf-keras PS is the goal.
 GOAL_PER_CALL = 10
@@ -435,8 +439,17 @@ def parse_args():
         default=[1],
         help="`compile(steps_per_execution=K)` values of the plain "
         "parameter-server variants, keras_clones's and tf-keras's, each "
-        "run in the same round robin (AGN and MWMS keep 1); divisors of "
+        "run in the same round robin (MWMS keeps 1); divisors of "
         "--steps (default 1)",
+    )
+    parser.add_argument(
+        "--agn-steps-per-execution",
+        type=positive_int,
+        nargs="+",
+        default=[1],
+        help="`compile(steps_per_execution=K)` values of the AGN(10) "
+        f"variant: 1 (one period per call) or multiples of {AGN_PERIOD} "
+        "that divide --steps (default 1)",
     )
     parser.add_argument(
         "--profile",
@@ -468,6 +481,17 @@ def parse_args():
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (the first is not timed)")
     args.steps_per_execution = sorted(set(args.steps_per_execution))
+    args.agn_steps_per_execution = sorted(set(args.agn_steps_per_execution))
+    wrong = [
+        k
+        for k in args.agn_steps_per_execution
+        if k != 1 and (k % AGN_PERIOD or args.steps % k)
+    ]
+    if wrong:
+        parser.error(
+            "--agn-steps-per-execution takes 1 or multiples of "
+            f"{AGN_PERIOD} that divide --steps; not {wrong}"
+        )
     uneven = [k for k in args.steps_per_execution if args.steps % k]
     if uneven:
         parser.error(
@@ -620,8 +644,8 @@ def ratios(args):
     def tfk(n, per_call=smallest):
         return variant_name("ps_tf_keras", n, 1, per_call)
 
-    def agn(n, in_flight=1):
-        return variant_name("ps_agn_keras_clones", n, in_flight)
+    def agn(n, in_flight=1, per_call=1):
+        return variant_name("ps_agn_keras_clones", n, in_flight, per_call)
 
     def mw(n):
         return variant_name("mwms_keras_clones", n)
@@ -638,10 +662,11 @@ def ratios(args):
     # The issue's goal: async AGN(10) on 2 workers >= 4x tf-keras PS at
     # whichever of K = 1 and K = 10 steps per call is faster for tf-keras:
     # the lower of the two rows, so met where both rows meet it.
-    for per_call in per_calls:
-        for n in args.workers:
-            goal = AGN_GOAL if n == 2 else None
-            rows.append((agn(n), tfk(n, per_call), goal))
+    for agn_per_call in args.agn_steps_per_execution:
+        for per_call in per_calls:
+            for n in args.workers:
+                goal = AGN_GOAL if n == 2 else None
+                rows.append((agn(n, 1, agn_per_call), tfk(n, per_call), goal))
     for n in args.workers:
         rows.append((agn(n), kc(n), None))
     # More steps per call against 1, keras_clones's own speed-up.
@@ -670,6 +695,8 @@ def variants_to_run(kinds, args):
             per_calls = [1]
             if kind in TAKE_STEPS_PER_EXECUTION:
                 per_calls = args.steps_per_execution
+            elif kind == "ps_agn_keras_clones":
+                per_calls = args.agn_steps_per_execution
             in_flights = args.in_flight if kind in TAKE_IN_FLIGHT else [1]
             variants += [
                 (kind, n, k, per_call)
