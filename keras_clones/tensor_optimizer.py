@@ -14,6 +14,7 @@ import warnings
 import keras
 
 from keras_clones import _keras_internals as internals
+from keras_clones import gradients
 
 
 class TensorOptimizer:
@@ -52,6 +53,7 @@ class TensorOptimizer:
             i for i, v in enumerate(variables) if v is learning_rate
         )
         self._state_variables = [v for v in variables if v is not learning_rate]
+        self._initial_state = [v.numpy() for v in self._state_variables]
 
     @property
     def state_templates(self):
@@ -60,23 +62,37 @@ class TensorOptimizer:
         takes their values; their values are the state before a step."""
         return self._state_variables
 
-    @property
-    def source_state_variables(self):
-        """The variables of the optimizer this copies (built over the same
-        variables) that hold the state `state_templates` describe, in that
-        order: read them to continue its updates on tensors."""
+    def read_source_state(self):
+        """The state of the optimizer this copies (built over the same
+        variables) now, as tensors in `state_templates`' order: to continue
+        its updates on tensors. Its `variables` hold each template's state
+        in order, except placeholders it made outside them (Adafactor's for
+        vectors, under a distribution strategy), which never change: those
+        are read from the template."""
         learning_rate = internals.learning_rate_object(self.optimizer)
         source = [v for v in self.optimizer.variables if v is not learning_rate]
-        shapes = [tuple(v.shape) for v in source]
-        if shapes != [tuple(v.shape) for v in self._state_variables]:
+        state, next_source = [], 0
+        for template, initial in zip(
+            self._state_variables, self._initial_state
+        ):
+            if next_source < len(source) and _holds(
+                source[next_source], template
+            ):
+                state.append(gradients.read(source[next_source]))
+                next_source += 1
+            else:
+                state.append(keras.ops.convert_to_tensor(initial))
+        if next_source < len(source):
             raise ValueError(
                 f"{self._where} on tensors, from the state of "
-                f"{self.optimizer!r}, but its variables (shapes {shapes}) "
-                "are not those of a copy made from its config. Build it "
-                "over the model's trainable variables, and give its class "
-                "a `get_config` that `from_config` takes."
+                f"{self.optimizer!r}, but its variables "
+                f"{[(v.name, tuple(v.shape)) for v in source]} are not "
+                "those of a copy made from its config "
+                f"{[(v.name, tuple(v.shape)) for v in self._state_variables]}. "
+                "Build it over the model's trainable variables, and give "
+                "its class a `get_config` that `from_config` takes."
             )
-        return source
+        return state
 
     def iteration(self, state):
         """The step count in `state` (values in `state_templates`' order)."""
@@ -117,3 +133,11 @@ class TensorOptimizer:
         return keras.ops.cast(
             learning_rate, self._stateless.learning_rate.dtype
         )
+
+
+def _holds(variable, template):
+    """Whether `variable` holds the state of `template` (a variable of the
+    copy): the same name and shape."""
+    return variable.name == template.name and tuple(variable.shape) == tuple(
+        template.shape
+    )

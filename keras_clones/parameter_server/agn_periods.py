@@ -82,11 +82,7 @@ class AGNPeriods:
 
     def on_worker(self, iterator):
         centers = read_values(self._centers)
-        outer = (
-            read_values(self._outer.source_state_variables)
-            if self._outer
-            else []
-        )
+        outer = self._outer.read_source_state() if self._outer else []
         # The steps committed before this function: where a learning-rate
         # schedule stands for its first local step.
         start = tf.identity(self.optimizer.iterations.value)

@@ -45,7 +45,7 @@ class GradientSteps:
             return [model.compute(next(iterator))._replace(x=None)]
         weights = read_values(model.trainable_variables)
         states = read_values(model.non_trainable_variables)
-        slots = read_values(self._optimizer.source_state_variables)
+        slots = self._optimizer.read_source_state()
         steps = []
         for k in range(self.steps):
             computed = model.compute(next(iterator), values=(weights, states))
