@@ -37,6 +37,12 @@ and 4 workers:
    worker processes started by `keras_clones/launch.py` on 127.0.0.1 (as in
    `bench/multiworker.py`), a global batch of 128 x N auto-sharded by data
    (128 rows per worker), the gradients all-reduced every step.
+5. `Keras in one process 1w`: the machine's bound, once per repeat: a plain
+   `keras.Model` (Keras 3) trained by `fit` in one process without a
+   strategy, batches of 128, at the largest `--steps-per-execution`, every
+   core on one model. No distributed variant can beat it by more than its
+   workers' overlap of idle time, so it says what a goal asks of this
+   machine.
 
 A step is one worker batch for the parameter-server variants and one
 synchronous step of all N workers (N batches) for MWMS, so an epoch is S
@@ -138,6 +144,7 @@ TIMEOUT = 600  # Seconds a run may take before it is stopped.
 KC_PS = "keras_clones PS"
 TFK_PS = "tf-keras PS"
 KC_MW = "keras_clones MWMS"
+ALONE = "Keras in one process"
 AGN_PERIOD = 10
 AGN_PS = f"AGN({AGN_PERIOD}) PS"
 AGN_GOAL = 4.0  # AGN(10) PS 2w / tf-keras PS 2w, at tf-keras's faster K.
@@ -150,6 +157,7 @@ KINDS = {
     "ps_agn_keras_clones": (AGN_PS, False),
     "ps_tf_keras": (TFK_PS, False),
     "mwms_keras_clones": (KC_MW, True),
+    "keras_one_process": (ALONE, False),
 }
 
 
@@ -206,6 +214,10 @@ def worker_main(argv):
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         chief = strategy.cluster_resolver.task_id == 0
         batch, steps = BATCH * args.workers, args.steps // args.workers
+    elif args.worker == "keras_one_process":
+        strategy = tf.distribute.get_strategy()  # No distribution.
+        chief = True
+        batch, steps = BATCH, args.steps
     else:
         cluster = in_process_cluster(tf_keras, args.workers)
         strategy = tf.distribute.ParameterServerStrategy(cluster.resolver)
@@ -222,7 +234,7 @@ def worker_main(argv):
         BATCH * NUM_BATCHES, batch, shard_by_data=mwms
     )
     with strategy.scope():
-        if tf_keras:
+        if tf_keras or args.worker == "keras_one_process":
             model = synthetic_mlp.mlp(keras, seed=args.seed)
         else:
             model = synthetic_mlp.mlp(
@@ -669,6 +681,12 @@ def ratios(args):
                 rows.append((agn(n, 1, agn_per_call), tfk(n, per_call), goal))
     for n in args.workers:
         rows.append((agn(n), kc(n), None))
+    # Against the machine's bound: what one process trains, undistributed.
+    alone = variant_name("keras_one_process", 1, 1, per_calls[-1])
+    for n in args.workers:
+        for agn_per_call in args.agn_steps_per_execution:
+            rows.append((agn(n, 1, agn_per_call), alone, None))
+        rows.append((tfk(n, per_calls[-1]), alone, None))
     # More steps per call against 1, keras_clones's own speed-up.
     if 1 in per_calls:
         for per_call in per_calls[1:]:
@@ -690,8 +708,14 @@ def variants_to_run(kinds, args):
     """The variants of `kinds` in round-robin order: per worker count, each
     kind at each of its steps per call and, within, steps in flight."""
     variants = []
+    if "keras_one_process" in kinds:
+        # The machine's bound: every core on one model, no distribution.
+        largest = max(args.steps_per_execution)
+        variants.append(("keras_one_process", 1, 1, largest))
     for n in args.workers:
         for kind in kinds:
+            if kind == "keras_one_process":
+                continue
             per_calls = [1]
             if kind in TAKE_STEPS_PER_EXECUTION:
                 per_calls = args.steps_per_execution
