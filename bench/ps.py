@@ -251,7 +251,8 @@ def worker_main(argv):
 
     timer = epoch_timer(keras)
     profile = None
-    if args.profile and not tf_keras and not mwms:
+    parameter_servers = args.worker in TAKE_IN_FLIGHT  # keras_clones's.
+    if args.profile and parameter_servers:
         profile = CoordinatorProfile(tf)
         timer.on_second_epoch = profile.reset
     in_flight = {}
@@ -626,8 +627,8 @@ def profile_table(results):
     over the repeats), for the runs that were profiled."""
     lines = [
         "The coordinator's time per applied result (ms, medians over the "
-        "repeats; epochs 2..E): a step (with K steps per call, a call of "
-        "K), or for AGN a period's commit.",
+        "repeats; epochs 2..E): a call, of K steps with K steps per call "
+        "(for AGN of K / 10 periods; at one period per call, a period).",
         "",
         "| variant | scheduling | applying | waiting and the rest | total |",
         "|---|---:|---:|---:|---:|",
