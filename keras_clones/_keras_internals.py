@@ -231,8 +231,9 @@ def without_gradient_all_reduce(optimizer):
 # `tf.Variable`, or through `tf.distribute`, and so around a
 # `keras.StatelessScope`; Keras's backend-independent versions do neither.
 # (Its other two such overrides serve `use_ema` and
-# `gradient_accumulation_steps`, which AGNOptimizer refuses on its inner
-# optimizer; the rest are pure or serve these.)
+# `gradient_accumulation_steps`, which AGNOptimizer refuses on its inner and
+# outer optimizers, and parameter-server training at `steps_per_execution`
+# > 1 on a plain one; the rest are pure or serve these.)
 _THROUGH_TF_VARIABLES = (
     "add_variable_from_reference",
     "assign",

@@ -560,12 +560,13 @@ class CloneModel(keras.Model):
         Args:
             *args, **kwargs: As for `keras.Model.fit`.
             in_flight_per_worker: Under `ParameterServerStrategy`, how many
-                scheduled functions (steps; with an `AGNOptimizer`,
-                communication periods) each worker may have in flight: with
-                2 or more, a worker computes its next one while the
-                coordinator applies the last, and a result may
-                be up to `in_flight_per_worker * workers - 1` updates
-                stale (the logs' `staleness` and `max_staleness`). The
+                scheduled functions (each `steps_per_execution` steps; with
+                an `AGNOptimizer`, at least one communication period) each
+                worker may have in flight: with 2 or more, a worker
+                computes its next one while the coordinator applies the
+                last, and a result may be up to
+                `in_flight_per_worker * workers - 1` functions stale (the
+                logs' `staleness` and `max_staleness`). The
                 default, 1, waits for each worker's result to be applied
                 (1 worker trains as one process). Elsewhere it must be 1.
         """

@@ -53,7 +53,11 @@ class TensorOptimizer:
             i for i, v in enumerate(variables) if v is learning_rate
         )
         self._state_variables = [v for v in variables if v is not learning_rate]
-        self._initial_state = [v.numpy() for v in self._state_variables]
+        # Scalars may be placeholders the optimizer keeps out of its
+        # variables (`read_source_state`): their values, never changed.
+        self._placeholders = [
+            v.numpy() if _is_scalar(v) else None for v in self._state_variables
+        ]
 
     @property
     def state_templates(self):
@@ -67,30 +71,33 @@ class TensorOptimizer:
         variables) now, as tensors in `state_templates`' order: to continue
         its updates on tensors. Its `variables` hold each template's state
         in order, except placeholders it made outside them (Adafactor's for
-        vectors, under a distribution strategy), which never change: those
-        are read from the template."""
+        vectors, under a distribution strategy), scalars which never
+        change: those are the template's values."""
         learning_rate = internals.learning_rate_object(self.optimizer)
         source = [v for v in self.optimizer.variables if v is not learning_rate]
         state, next_source = [], 0
-        for template, initial in zip(
-            self._state_variables, self._initial_state
+        for template, placeholder in zip(
+            self._state_variables, self._placeholders
         ):
             if next_source < len(source) and _holds(
                 source[next_source], template
             ):
                 state.append(gradients.read(source[next_source]))
                 next_source += 1
+            elif placeholder is not None:
+                state.append(keras.ops.convert_to_tensor(placeholder))
             else:
-                state.append(keras.ops.convert_to_tensor(initial))
-        if next_source < len(source):
+                break  # Its state is not there: the error below.
+        if next_source < len(source) or len(state) < len(self._placeholders):
             raise ValueError(
                 f"{self._where} on tensors, from the state of "
                 f"{self.optimizer!r}, but its variables "
                 f"{[(v.name, tuple(v.shape)) for v in source]} are not "
                 "those of a copy made from its config "
                 f"{[(v.name, tuple(v.shape)) for v in self._state_variables]}. "
-                "Build it over the model's trainable variables, and give "
-                "its class a `get_config` that `from_config` takes."
+                "Build it over the model's trainable variables (`build` "
+                "before `fit`), and give its class a `get_config` that "
+                "`from_config` takes."
             )
         return state
 
@@ -141,3 +148,7 @@ def _holds(variable, template):
     return variable.name == template.name and tuple(variable.shape) == tuple(
         template.shape
     )
+
+
+def _is_scalar(variable):
+    return tuple(variable.shape) == ()

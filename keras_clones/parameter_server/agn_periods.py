@@ -25,9 +25,9 @@ import typing
 
 import tensorflow as tf
 
-from keras_clones.parameter_server.downpour import kept_unless_skipped
-from keras_clones.parameter_server.downpour import read_values
 from keras_clones.parameter_server.inner_optimizer import WorkerInnerOptimizer
+from keras_clones.parameter_server.worker_values import kept_unless_skipped
+from keras_clones.parameter_server.worker_values import read_values
 from keras_clones.step_hooks import Verdict
 from keras_clones.step_hooks import finiteness
 from keras_clones.tensor_optimizer import TensorOptimizer
@@ -56,9 +56,15 @@ class AGNPeriods:
     def __init__(self, model, optimizer, steps=1):
         self.model = model
         self.optimizer = optimizer
-        period = optimizer.schedule.period
-        self.steps = max(steps, period)  # Worker batches per function.
-        self._periods = self.steps // period
+        self._period = optimizer.schedule.period
+        if steps != 1 and steps % self._period:
+            raise ValueError(
+                "`steps` must be 1 or a multiple of the communication "
+                f"period ({self._period}). Received: steps={steps}."
+            )
+        # Worker batches per function: whole periods.
+        self.steps = max(steps, self._period)
+        self._periods = self.steps // self._period
         self._variables = list(model.trainable_variables)
         self._inner = WorkerInnerOptimizer(
             optimizer.inner_optimizer, self._variables
@@ -74,6 +80,7 @@ class AGNPeriods:
                 "Under ParameterServerStrategy with `steps_per_execution` "
                 "> `communication_period`, workers run the outer optimizer",
             )
+            self._outer.read_source_state()  # Its errors, now.
         with model.distribute_strategy.scope():
             self._state = self._inner.create_state()
 
@@ -82,13 +89,13 @@ class AGNPeriods:
 
     def on_worker(self, iterator):
         centers = read_values(self._centers)
-        outer = self._outer.read_source_state() if self._outer else []
+        outer_state = self._outer.read_source_state() if self._outer else []
         # The steps committed before this function: where a learning-rate
         # schedule stands for its first local step.
         start = tf.identity(self.optimizer.iterations.value)
         copy = self._worker_copy(centers)
         steps, commits = [], []
-        period = self.steps // self._periods
+        period = self._period
         for p in range(self._periods):
             for k in range(period):
                 copy, step = self._local_step(
@@ -97,7 +104,9 @@ class AGNPeriods:
                 steps.append(step)
             commits.append(self._commit(copy.gradient_sums, centers, copy))
             if p < self._periods - 1:
-                centers, outer = self._moved(centers, commits[-1], outer, step)
+                centers, outer_state = self._moved(
+                    centers, commits[-1], outer_state, step
+                )
                 copy = copy._replace(
                     weights=centers,
                     gradient_sums=[
@@ -108,7 +117,7 @@ class AGNPeriods:
             commits = tf.nest.map_structure(tf.identity, commits)
         return {"commits": commits, "steps": steps}
 
-    def _moved(self, centers, commit, outer, last_step):
+    def _moved(self, centers, commit, outer_state, last_step):
         """The centers and outer-optimizer state after `commit` (as it
         travels) is applied, as the coordinator applies it: not where the
         guard will skip it (a commit not finite; with a period of 1, a
@@ -117,22 +126,20 @@ class AGNPeriods:
             commit, [v.dtype for v in self._variables]
         )
         moved = self._outer.step(
-            centers, received, outer, self._outer.iteration(outer)
+            centers, received, outer_state, self._outer.iteration(outer_state)
         )
         if last_step.finite is None:  # No guard.
             return moved
         finite = finiteness(None, received)
         if self.optimizer.communication_period == 1:
             finite = tf.concat([last_step.finite, finite], 0)
-        return kept_unless_skipped(finite, moved, (centers, outer))
+        return kept_unless_skipped(finite, moved, (centers, outer_state))
 
     def _worker_copy(self, pulled):
         model = self.model
         return _WorkerCopy(
             weights=pulled,
-            states=[
-                tf.identity(v.value) for v in model.non_trainable_variables
-            ],
+            states=read_values(model.non_trainable_variables),
             # Per-worker variables get no automatic control dependencies:
             # read each once here, write each once at the end.
             inner=[s.read_value() for s in self._state],
@@ -198,7 +205,7 @@ class AGNPeriods:
     def on_coordinator(self, result):
         """Under the coordinator: each period's steps logged (and judged),
         then its commit applied, in order; the logs after the last."""
-        period = self.steps // self._periods
+        period = self._period
         steps = result["steps"]
         logs = None
         for p, commit in enumerate(result["commits"]):

@@ -3,8 +3,8 @@ the gradients of `steps_per_execution` batches from the weights it read
 once, moving its copy by its own steps; the coordinator applies them, in
 order, in one call."""
 
-import tensorflow as tf
-
+from keras_clones.parameter_server.worker_values import kept_unless_skipped
+from keras_clones.parameter_server.worker_values import read_values
 from keras_clones.tensor_optimizer import TensorOptimizer
 
 
@@ -19,20 +19,21 @@ class GradientSteps:
     coordinator will apply them. With one worker and one function in
     flight, that is training in one process at the same
     `steps_per_execution`. Moved state (BatchNormalization's statistics)
-    chains from step to step.
+    chains from step to step; a step the guard skips moves nothing.
     """
 
     def __init__(self, model, steps=1):
         self.model = model
         self.steps = steps  # Worker batches per scheduled function.
-        self._optimizer = None
+        self._on_tensors = None
         if steps > 1:
-            self._optimizer = TensorOptimizer(
+            self._on_tensors = TensorOptimizer(
                 model.optimizer,
                 list(model.trainable_variables),
                 "Under ParameterServerStrategy with `steps_per_execution` "
                 "> 1, workers run the optimizer",
             )
+            self._on_tensors.read_source_state()  # Its errors, now.
 
     def start(self):
         """Before the first scheduled function of a `fit`."""
@@ -45,27 +46,31 @@ class GradientSteps:
             return [model.compute(next(iterator))._replace(x=None)]
         weights = read_values(model.trainable_variables)
         states = read_values(model.non_trainable_variables)
-        slots = self._optimizer.read_source_state()
+        slots = self._on_tensors.read_source_state()
         steps = []
         for k in range(self.steps):
             computed = model.compute(next(iterator), values=(weights, states))
-            states = computed.non_trainable_values
             steps.append(computed._replace(x=None, non_trainable_values=None))
             if k < self.steps - 1:
-                weights, slots = self._moved(computed, weights, slots)
+                weights, states, slots = self._moved(
+                    computed, weights, states, slots
+                )
         return steps
 
-    def _moved(self, computed, weights, slots):
-        """The weights and optimizer state after `computed` is applied, as
-        the coordinator applies it (a step the guard skips moves
-        nothing)."""
-        optimizer = self._optimizer
-        moved = optimizer.step(
-            weights, computed.grads, slots, optimizer.iteration(slots)
+    def _moved(self, computed, weights, states, slots):
+        """The weights, moved state and optimizer state after `computed` is
+        applied, as the coordinator applies it (a step the guard skips
+        moves nothing)."""
+        on_tensors = self._on_tensors
+        new_weights, new_slots = on_tensors.step(
+            weights, computed.grads, slots, on_tensors.iteration(slots)
         )
+        moved = (new_weights, computed.non_trainable_values, new_slots)
         if computed.finite is None:
             return moved
-        return kept_unless_skipped(computed.finite, moved, (weights, slots))
+        return kept_unless_skipped(
+            computed.finite, moved, (weights, states, slots)
+        )
 
     def on_coordinator(self, result):
         """Under the coordinator, where the result was written: each step's
@@ -77,15 +82,3 @@ class GradientSteps:
         for computed in result:
             logs = model.log(computed, model.apply(computed))
         return logs
-
-
-def kept_unless_skipped(finite, new, old):
-    """`new` where every check in `finite` (a guard's verdict on a step:
-    `ComputedStep.finite`) passed, else `old` (nests of tensors)."""
-    ok = tf.reduce_all(finite)
-    return tf.nest.map_structure(lambda n, o: tf.where(ok, n, o), new, old)
-
-
-def read_values(variables):
-    """The values of `variables` now (tensors), each read once."""
-    return [tf.identity(v.value) for v in variables]

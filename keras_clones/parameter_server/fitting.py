@@ -10,6 +10,7 @@ function computes and the coordinator applies in one call);
 """
 
 import inspect
+import numbers
 
 import keras
 import tensorflow as tf
@@ -154,12 +155,14 @@ def check_arguments(model, arguments):
             "the workers repeat their datasets, so an epoch is a number of "
             "steps (worker batches). Pass `steps_per_epoch=...`."
         )
-    per_call = model.steps_per_execution
+    per_call = check_steps_per_execution(model.steps_per_execution)
     agn = optimizer_capabilities.takes_local_steps(
         optimizer_capabilities.unwrapped(model.optimizer)
     )
     if agn:
         check_agn(model.optimizer, steps, per_call)
+    elif per_call > 1:
+        check_optimizer_on_tensors(model.optimizer, per_call)
     if steps % per_call:
         raise ValueError(
             "Under ParameterServerStrategy, a scheduled function computes "
@@ -168,6 +171,56 @@ def check_arguments(model, arguments):
             f"steps_per_execution={per_call}."
         )
     check_deployment(model.deployment, model.distribute_strategy)
+
+
+def check_steps_per_execution(value):
+    """`value` if it is a valid `steps_per_execution` under parameter
+    servers (an integer >= 1), else a `TypeError` or `ValueError`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            "Under ParameterServerStrategy, `steps_per_execution` must be an "
+            "integer >= 1 (steps per scheduled function). Received: "
+            f"steps_per_execution={value!r} of type {type(value).__name__}. "
+            "Compile with e.g. `steps_per_execution=10`."
+        )
+    if value < 1:
+        raise ValueError(
+            "Under ParameterServerStrategy, `steps_per_execution` must be >= "
+            "1 (steps per scheduled function). Received: "
+            f"steps_per_execution={value}. Compile with e.g. "
+            "`steps_per_execution=10`, or leave it at 1."
+        )
+    return int(value)
+
+
+def check_optimizer_on_tensors(optimizer, per_call):
+    """Refuses a plain optimizer that a worker cannot run on its tensors,
+    as it does between the `per_call` steps of a scheduled function."""
+    if optimizer_capabilities.loss_scaled(optimizer):
+        raise ValueError(
+            "Under ParameterServerStrategy with `steps_per_execution` > 1, "
+            "a worker runs the optimizer on its own copy of the weights, "
+            "which a LossScaleOptimizer (`mixed_float16`) cannot do: its "
+            "loss scale moves on the parameter servers. Received: "
+            f"steps_per_execution={per_call} with {optimizer!r}. Compile "
+            "with `steps_per_execution=1`, or train in float32 or "
+            "`mixed_bfloat16`."
+        )
+    for option, default in (
+        ("gradient_accumulation_steps", None),
+        ("use_ema", False),
+    ):
+        value = getattr(optimizer, option, default)
+        if value != default:
+            raise ValueError(
+                "Under ParameterServerStrategy with `steps_per_execution` "
+                "> 1, a worker runs the optimizer on its own copy of the "
+                f"weights, which `{option}` cannot do (it writes the "
+                f"optimizer's variables directly). Received: {option}="
+                f"{value!r}, steps_per_execution={per_call}. Compile with "
+                f"`steps_per_execution=1`, or create the optimizer without "
+                f"`{option}`."
+            )
 
 
 def check_agn(optimizer, steps, per_call=1):

@@ -1,17 +1,18 @@
 """Asynchronous training on a `ParameterServerStrategy`: the coordinator
 schedules work on the workers and applies its results, one at a time.
 
-The work is K steps (`downpour.GradientSteps`: a plain optimizer's gradients of
-`steps_per_execution` batches) or a period (`agn_periods.AGNPeriods`: an
-`AGNOptimizer`'s local steps and commit). A worker reads the model's variables
-from the parameter servers, computes, and writes its result, numbered, to a
-slot on the parameter server of the largest variable; the coordinator applies
-it there, in the order the work was scheduled, so that a result crosses the
-network once, as an update applied by the worker would (with one parameter
-server; with several, the other servers' shares once more). Applying under the
-coordinator serialises every optimizer update: Keras's `iterations` counter and
-stateful optimizers (Adam) see one update at a time, which updates applied by
-the workers do not (a `tf.CriticalSection` around Keras's `apply` hung;
+The work of a scheduled function is `steps_per_execution` steps:
+`downpour.GradientSteps` (a plain optimizer's gradients of that many batches)
+or `agn_periods.AGNPeriods` (an `AGNOptimizer`'s periods of local steps and
+their commits; at least one period). A worker reads the model's variables from
+the parameter servers, computes, and writes its result, numbered, to a slot on
+the parameter server of the largest variable; the coordinator applies it there,
+in the order the work was scheduled, so that a result crosses the network once,
+as an update applied by the worker would (with one parameter server; with
+several, the other servers' shares once more). Applying under the coordinator
+serialises every optimizer update: Keras's `iterations` counter and stateful
+optimizers (Adam) see one update at a time, which updates applied by the
+workers do not (a `tf.CriticalSection` around Keras's `apply` hung;
 `docs/spikes/ps_commit_route.md`). Work that `ClusterCoordinator` runs again
 after a worker failed writes only its slot, so its result is applied once; a
 run it gave up on that still writes after the slot was reused is caught by the

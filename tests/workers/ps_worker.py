@@ -976,6 +976,29 @@ def refusals(strategy):
         model.compile("sgd", "mse", steps_per_execution=4)
     results["steps_per_execution"] = refusal(fit())
 
+    def plain_at(per_call, optimizer="sgd"):
+        def fit_with():
+            with strategy.scope():
+                model.compile(optimizer, "mse", steps_per_execution=per_call)
+            model.fit(dataset(), steps_per_epoch=4)
+
+        return fit_with
+
+    optimizers = keras.optimizers
+    results.update(
+        steps_per_execution_zero=refusal(plain_at(0)),
+        steps_per_execution_float=refusal(plain_at(2.0)),
+        loss_scaled_steps_per_execution=refusal(
+            plain_at(2, optimizers.LossScaleOptimizer(optimizers.SGD()))
+        ),
+        ema_steps_per_execution=refusal(
+            plain_at(2, optimizers.SGD(use_ema=True))
+        ),
+        accumulation_steps_per_execution=refusal(
+            plain_at(2, optimizers.SGD(gradient_accumulation_steps=2))
+        ),
+    )
+
     def agn(inner=None, **kwargs):
         def fit_with():
             with strategy.scope():
@@ -990,7 +1013,6 @@ def refusals(strategy):
 
         return fit_with
 
-    optimizers = keras.optimizers
     results.update(
         agn_steps=refusal(agn(steps_per_epoch=4)),
         agn_steps_per_execution=refusal(agn(steps_per_execution=4)),
@@ -1108,26 +1130,16 @@ class BatchesSeen(keras.callbacks.Callback):
 
 
 def steps_per_execution(strategy):
-    """3 steps per scheduled function on 1 worker: SGD, Adam, and SGD under
-    InfNanCheck with a nan batch (one in flight), and Adam with 2 in flight,
-    against the reference replayed with each function's one read (its
-    position, from its staleness), its later steps moved by the worker's
-    own; the batches callbacks saw; the updates."""
+    """3 steps per scheduled function on 1 worker: Adam (one in flight, and
+    2 in flight) against the reference replayed with each function's one
+    read (its position, from its staleness), its later steps moved by the
+    worker's own; the batches callbacks saw; the updates. SGD with momentum
+    against Keras's own `fit`, and with BatchNormalization, InfNanCheck and
+    a nan batch against one process."""
     per_call = 3
-    x, y = data()
-    y[BATCH : 2 * BATCH] = np.nan  # The second batch of every epoch.
-    nan_batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
-    sgd = (lambda: keras.optimizers.SGD(0.05), lambda: hand.SGD(0.05))
     adam = (lambda: keras.optimizers.Adam(0.01), lambda: hand.Adam(0.01))
     cases = {  # name: ((Keras's, by hand), in flight, batches, callbacks)
-        "sgd": (sgd, 1, dataset(), []),
         "adam": (adam, 1, dataset(), []),
-        "sgd_inf_nan": (
-            sgd,
-            1,
-            nan_batches,
-            [keras_clones.callbacks.InfNanCheck()],
-        ),
         "adam_two_in_flight": (adam, 2, dataset(), [SlowToApply()]),
     }
     # Logs, validation, evaluation and a saved model, against Keras's own
@@ -1148,7 +1160,7 @@ def steps_per_execution(strategy):
             model.compile(optimizer(), "mse", steps_per_execution=per_call)
         start = model.get_weights()
         seen, staleness = BatchesSeen(), StalenessOfEachStep()
-        history = model.fit(
+        model.fit(
             batches,
             epochs=EPOCHS,
             steps_per_epoch=STEPS,
@@ -1163,11 +1175,14 @@ def steps_per_execution(strategy):
                 model.get_weights(),
                 replayed(start, reads, by_hand, batches, per_read=per_call),
             ),
-            # Every step on the function's one read, unmoved.
+            # Every step on its function's one read, unmoved.
             "unmoved": max_difference(
                 model.get_weights(),
                 replayed(
-                    start, [r - r % per_call for r in steps], by_hand, batches
+                    start,
+                    [reads[m // per_call] for m in steps],
+                    by_hand,
+                    batches,
                 ),
             ),
             "fresh": max_difference(
@@ -1176,9 +1191,50 @@ def steps_per_execution(strategy):
             "staleness": staleness.values,
             "batches": seen.batches,
             "iterations": int(model.optimizer.iterations.numpy()),
-            "skipped": history.history.get("skipped_steps"),
         }
+    results["batch_norm_inf_nan"] = guarded_batch_norm(strategy, per_call)
     return results
+
+
+def guarded_batch_norm(strategy, per_call):
+    """SGD at `per_call` steps per function, BatchNormalization, InfNanCheck
+    and a nan batch each epoch, on 1 worker, against the same in one
+    process: a skipped step moves neither weights nor statistics, on the
+    worker as in one process."""
+    x, y = data()
+    y[BATCH : 2 * BATCH] = np.nan  # The second batch of every epoch.
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    check = keras_clones.callbacks.InfNanCheck
+    with strategy.scope():
+        model = batch_normalized(keras_clones.CloneModel)
+        model.compile(
+            keras.optimizers.SGD(0.05), "mse", steps_per_execution=per_call
+        )
+    history = model.fit(
+        batches,
+        epochs=EPOCHS,
+        steps_per_epoch=STEPS,
+        callbacks=[check()],
+        verbose=0,
+    )
+    local = batch_normalized(keras_clones.CloneModel)  # The same weights.
+    local.compile(
+        keras.optimizers.SGD(0.05), "mse", steps_per_execution=per_call
+    )
+    expected = local.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        callbacks=[check()],
+        verbose=0,
+    )
+    return {
+        "weights": max_difference(model.get_weights(), local.get_weights()),
+        "skipped": history.history["skipped_steps"],
+        "expected_skipped": expected.history["skipped_steps"],
+    }
 
 
 def traced_devices(function):
