@@ -294,7 +294,10 @@ def agn_steps_per_execution(strategy):
     }
     outer = lambda: hand.SGD(0.5, momentum=0.9)  # noqa: E731
     fresh = range(len(reads) * periods)
-    results["guarded_period_one"] = guarded_period_one(strategy, per_call)
+    # A period of 1 and outer momentum: a skipped step moves no centers.
+    results["guarded_period_one"] = guarded_against_one_process(
+        strategy, momentum_agn_of_one_step, per_call
+    )
     results["momentum_two_in_flight"] = {
         "weights": max_difference(
             model.get_weights(),
@@ -304,27 +307,23 @@ def agn_steps_per_execution(strategy):
             model.get_weights(), replayed(start, fresh, outer, **by_hand)
         ),
         "staleness": staleness,
-        "rounds": history.history["communication_rounds"],
+        "rounds": history.history.get("communication_rounds"),
     }
     return results
 
 
-def guarded_period_one(strategy, per_call):
-    """A period of 1 and outer momentum, `per_call` periods per function,
-    InfNanCheck and a nan batch each epoch, on 1 worker, against the same
-    in one process: the skipped step moves the worker's centers no more
-    than the coordinator's."""
+def guarded_against_one_process(strategy, optimizer, per_call):
+    """`optimizer()` at `per_call` steps per function, BatchNormalization,
+    InfNanCheck and a nan batch each epoch, on 1 worker, against the same in
+    one process: a skipped step moves nothing on the worker (weights,
+    statistics, an AGN worker's centers) as nothing on the coordinator."""
     x, y = data()
     y[BATCH : 2 * BATCH] = np.nan  # The second batch of every epoch.
     batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
     check = keras_clones.callbacks.InfNanCheck
-    model, history = fit_agn_on(
-        strategy, batches, check(), momentum_agn_of_one_step, per_call
-    )
+    model, history = fit_agn_on(strategy, batches, check(), optimizer, per_call)
     local = batch_normalized(keras_clones.CloneModel)  # The same weights.
-    local.compile(
-        momentum_agn_of_one_step(), "mse", steps_per_execution=per_call
-    )
+    local.compile(optimizer(), "mse", steps_per_execution=per_call)
     expected = local.fit(
         x,
         y,
@@ -338,7 +337,7 @@ def guarded_period_one(strategy, per_call):
         "weights": max_difference(model.get_weights(), local.get_weights()),
         "skipped": history.history["skipped_steps"],
         "expected_skipped": expected.history["skipped_steps"],
-        "rounds": history.history["communication_rounds"],
+        "rounds": history.history.get("communication_rounds"),
     }
 
 
@@ -674,7 +673,7 @@ def in_flight_agn(strategy):
             ),
         ),
         "staleness": staleness,
-        "rounds": history.history["communication_rounds"],
+        "rounds": history.history.get("communication_rounds"),
     }
 
 
@@ -899,9 +898,9 @@ def momentum_agn_of_one_step():
 def fit_agn_on(
     strategy, dataset, inf_nan_check, optimizer=weight_change_agn, per_call=1
 ):
-    """An AGN model with BatchNormalization trained on `dataset` with
-    `inf_nan_check` and `optimizer()` (`steps_per_execution` `per_call`);
-    it and its history."""
+    """A model with BatchNormalization trained on `dataset` with
+    `inf_nan_check` and `optimizer()` (by default an AGN;
+    `steps_per_execution` `per_call`); it and its history."""
     with strategy.scope():
         model = batch_normalized(keras_clones.CloneModel)
         model.compile(optimizer(), "mse", steps_per_execution=per_call)
@@ -1192,49 +1191,11 @@ def steps_per_execution(strategy):
             "batches": seen.batches,
             "iterations": int(model.optimizer.iterations.numpy()),
         }
-    results["batch_norm_inf_nan"] = guarded_batch_norm(strategy, per_call)
+    # BatchNormalization's statistics kept for a skipped step too.
+    results["batch_norm_inf_nan"] = guarded_against_one_process(
+        strategy, lambda: keras.optimizers.SGD(0.05), per_call
+    )
     return results
-
-
-def guarded_batch_norm(strategy, per_call):
-    """SGD at `per_call` steps per function, BatchNormalization, InfNanCheck
-    and a nan batch each epoch, on 1 worker, against the same in one
-    process: a skipped step moves neither weights nor statistics, on the
-    worker as in one process."""
-    x, y = data()
-    y[BATCH : 2 * BATCH] = np.nan  # The second batch of every epoch.
-    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
-    check = keras_clones.callbacks.InfNanCheck
-    with strategy.scope():
-        model = batch_normalized(keras_clones.CloneModel)
-        model.compile(
-            keras.optimizers.SGD(0.05), "mse", steps_per_execution=per_call
-        )
-    history = model.fit(
-        batches,
-        epochs=EPOCHS,
-        steps_per_epoch=STEPS,
-        callbacks=[check()],
-        verbose=0,
-    )
-    local = batch_normalized(keras_clones.CloneModel)  # The same weights.
-    local.compile(
-        keras.optimizers.SGD(0.05), "mse", steps_per_execution=per_call
-    )
-    expected = local.fit(
-        x,
-        y,
-        batch_size=BATCH,
-        epochs=EPOCHS,
-        shuffle=False,
-        callbacks=[check()],
-        verbose=0,
-    )
-    return {
-        "weights": max_difference(model.get_weights(), local.get_weights()),
-        "skipped": history.history["skipped_steps"],
-        "expected_skipped": expected.history["skipped_steps"],
-    }
 
 
 def traced_devices(function):
