@@ -338,6 +338,14 @@ def guarded_against_one_process(strategy, optimizer, per_call):
         "skipped": history.history["skipped_steps"],
         "expected_skipped": expected.history["skipped_steps"],
         "rounds": history.history.get("communication_rounds"),
+        # `iterations` and, for an AGN, its commits: here, then there.
+        "counters": [
+            [
+                int(m.optimizer.iterations.numpy()),
+                int(getattr(m.optimizer, "communication_rounds", 0)),
+            ]
+            for m in (model, local)
+        ],
     }
 
 
@@ -833,19 +841,8 @@ def inf_nan(strategy):
     except RuntimeError as e:
         raised = str(e)
     # A period of 1: the worker against AGN in one process, both guarded.
-    one_step, _ = fit_agn_on(
-        strategy, nan_dataset, check(), momentum_agn_of_one_step
-    )
-    local = batch_normalized(keras_clones.CloneModel)
-    local.compile(momentum_agn_of_one_step(), "mse")
-    local.fit(
-        x,
-        y,
-        batch_size=BATCH,
-        epochs=EPOCHS,
-        shuffle=False,
-        callbacks=[check()],
-        verbose=0,
+    period_one = guarded_against_one_process(
+        strategy, momentum_agn_of_one_step, 1
     )
     return {
         "weights": max_difference(model.get_weights(), plain.get_weights()),
@@ -860,16 +857,8 @@ def inf_nan(strategy):
         "agn_rounds": agn_history.history["communication_rounds"],
         "agn_iterations": int(agn.optimizer.iterations.numpy()),
         "agn_local_step": int(agn.optimizer.local_step.numpy()),
-        "period_one_weights": max_difference(
-            one_step.get_weights(), local.get_weights()
-        ),
-        "period_one_counters": [
-            [
-                int(model.optimizer.iterations.numpy()),
-                int(model.optimizer.communication_rounds.numpy()),
-            ]
-            for model in (one_step, local)
-        ],
+        "period_one_weights": period_one["weights"],
+        "period_one_counters": period_one["counters"],
         "agn_raised": raised,
     }
 
