@@ -84,6 +84,22 @@ KERAS_OPTIMIZERS = {
     "ScheduleFreeAdamW": lambda: keras.optimizers.ScheduleFreeAdamW(0.01),
 }
 
+# Those with the kinds of state the other Keras optimizers have too, for the
+# slower tests: momentum and clipping (SGD), slots and AMSGrad (Adam), a
+# schedule and weight decay (AdamW), factored slots and placeholders
+# (Adafactor), accumulators with shrinkage (Ftrl), per-shape branches
+# (Muon), and a rule of its own (ScheduleFreeAdamW). Every one of
+# `KERAS_OPTIMIZERS` is checked on tensors in tests/test_inner_optimizer.py.
+REPRESENTATIVE_OPTIMIZERS = (
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adafactor",
+    "Ftrl",
+    "Muon",
+    "ScheduleFreeAdamW",
+)
+
 
 # Models and data for CloneModel against a plain keras.Model.
 
