@@ -16,8 +16,9 @@ from helpers import python_path_with_tests
 # A group of its own under pytest-xdist, beside the "cluster" group of
 # multi-worker runs: else one xdist worker ran every cluster while the other
 # idled for minutes. Its in-process clusters are light (1-2 workers, 1-2
-# parameter servers), and each group's child has 300 s for about 130 s of
-# work alone, room for sharing the cores with one other cluster.
+# parameter servers), and each group's child has 480 s for about 130 s of
+# work alone (221 s beside the multi-worker runs, in one CI run): room for
+# sharing the cores with one other cluster on a slower machine.
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("parameter_server")]
 
 WORKER = pathlib.Path(__file__).parent / "workers" / "ps_worker.py"
@@ -68,7 +69,7 @@ def scenario(tmp_path_factory):
                     OUT=str(out),
                     PYTHONPATH=python_path_with_tests(),
                 ),
-                timeout=300,
+                timeout=480,
             )
             assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
         return json.loads(path.read_text())
