@@ -751,7 +751,8 @@ def resume(strategy):
 
 def sparse(strategy):
     """An Embedding's sparse gradients, async (SGD, Adam, and AGN with
-    inner Adam) against one process."""
+    inner Adam; Adam at 3 steps per function, AGN at 2 periods) against one
+    process at the same `steps_per_execution`."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 20, size=(BATCH * STEPS, 3))
     y = rng.normal(size=(BATCH * STEPS, 1)).astype("float32")
@@ -762,21 +763,24 @@ def sparse(strategy):
         hidden = keras.layers.Flatten()(keras.layers.Embedding(20, 4)(inputs))
         return cls(inputs, keras.layers.Dense(1)(hidden))
 
-    optimizers = {
-        "sgd": (lambda: keras.optimizers.SGD(0.1), keras.Model),
-        "adam": (lambda: keras.optimizers.Adam(0.01), keras.Model),
-        "agn": (
-            lambda: keras_clones.AGNOptimizer(
-                keras.optimizers.Adam(0.01), communication_period=3
-            ),
-            keras_clones.CloneModel,
-        ),
+    def agn():
+        return keras_clones.AGNOptimizer(
+            keras.optimizers.Adam(0.01), communication_period=3
+        )
+
+    adam = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
+    optimizers = {  # name: (optimizer, reference class, steps per call)
+        "sgd": (lambda: keras.optimizers.SGD(0.1), keras.Model, 1),
+        "adam": (adam, keras.Model, 1),
+        "agn": (agn, keras_clones.CloneModel, 1),
+        "adam_steps_per_execution": (adam, keras.Model, 3),
+        "agn_steps_per_execution": (agn, keras_clones.CloneModel, 6),
     }
     results = {}
-    for name, (optimizer, reference) in optimizers.items():
+    for name, (optimizer, reference, per_call) in optimizers.items():
         with strategy.scope():
             model = embedding_model(keras_clones.CloneModel)
-            model.compile(optimizer(), "mse")
+            model.compile(optimizer(), "mse", steps_per_execution=per_call)
         model.fit(
             tf.data.Dataset.from_tensor_slices((ids, y)).batch(BATCH),
             epochs=EPOCHS,
@@ -784,7 +788,7 @@ def sparse(strategy):
             verbose=0,
         )
         plain = embedding_model(reference)
-        plain.compile(optimizer(), "mse")
+        plain.compile(optimizer(), "mse", steps_per_execution=per_call)
         plain.fit(
             ids, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0
         )
