@@ -1,5 +1,6 @@
 """Splits the CPU into logical devices before TensorFlow starts."""
 
+import gc
 import os
 import pathlib
 import subprocess
@@ -42,8 +43,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Fails early where pytest-xdist would split a group across workers
-    (its `loadgroup` renames items; pytest 9.2 ignores that)."""
+    """Leaves what the imports and the collection made out of Python's
+    garbage collection, and fails early where pytest-xdist would split a
+    group across workers (its `loadgroup` renames items; pytest 9.2 ignores
+    that)."""
+    _freeze_the_heap()
     if not session.config.getoption("loadgroup", False):
         return
     for item in session.items:
@@ -52,6 +56,18 @@ def pytest_collection_finish(session):
                 f"pytest-xdist did not group {item.nodeid}: install the "
                 'versions pyproject.toml names (pip install -e ".[test]").'
             )
+
+
+def _freeze_the_heap():
+    """Moves every object alive now (TensorFlow's and Keras's modules, the
+    collected tests: about 460,000) out of the garbage collector's reach,
+    for good: they live until the process ends anyway. Three test files
+    (98 tests, in one process) ran in 98-107 s instead of 126-131 s, in
+    alternation. The collections themselves (timed by `gc.callbacks`) took
+    only about 1 s less; where the rest of the gain comes from was not
+    found."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
