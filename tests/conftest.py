@@ -1,4 +1,5 @@
-"""Splits the CPU into logical devices before TensorFlow starts."""
+"""Splits the CPU into logical devices before TensorFlow starts; keeps what
+lives for the whole session out of Python's garbage collection."""
 
 import gc
 import os

@@ -27,10 +27,10 @@ def main():
             scenario.worker(out, common.task_index())
         else:
             scenario.main()
-        # What the scenario left alive lives on (the strategy, traced
-        # functions): out of the collector's reach, the next scenarios run
-        # faster (the launch of tests/test_multi_worker.py: 70-72 s instead
-        # of 76-78 s alone).
+        # What is alive after a scenario (the strategy, traced functions)
+        # is left out of later collections: the next scenarios run faster
+        # (the launch of tests/test_multi_worker.py: 70-72 s instead of
+        # 76-78 s, alone).
         gc.collect()
         gc.freeze()
         print(f"scenario {name} done", flush=True)
