@@ -10,7 +10,6 @@ function computes and the coordinator applies in one call);
 """
 
 import inspect
-import numbers
 
 import keras
 import tensorflow as tf
@@ -22,6 +21,7 @@ from keras_clones.parameter_server.agn_periods import AGNPeriods
 from keras_clones.parameter_server.downpour import GradientSteps
 from keras_clones.parameter_server.training import AsyncTraining
 from keras_clones.parameter_server.training import check_in_flight_per_worker
+from keras_clones.parameter_server.training import check_positive_integer
 
 # `fit`'s arguments that parameter-server training does not take, with their
 # defaults and what to do instead.
@@ -155,7 +155,12 @@ def check_arguments(model, arguments):
             "the workers repeat their datasets, so an epoch is a number of "
             "steps (worker batches). Pass `steps_per_epoch=...`."
         )
-    per_call = check_steps_per_execution(model.steps_per_execution)
+    per_call = check_positive_integer(
+        "steps_per_execution",
+        model.steps_per_execution,
+        "steps per scheduled function under ParameterServerStrategy",
+        " Compile with e.g. `steps_per_execution=10`, or leave it at 1.",
+    )
     agn = optimizer_capabilities.takes_local_steps(
         optimizer_capabilities.unwrapped(model.optimizer)
     )
@@ -171,26 +176,6 @@ def check_arguments(model, arguments):
             f"steps_per_execution={per_call}."
         )
     check_deployment(model.deployment, model.distribute_strategy)
-
-
-def check_steps_per_execution(value):
-    """`value` if it is a valid `steps_per_execution` under parameter
-    servers (an integer >= 1), else a `TypeError` or `ValueError`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
-            "Under ParameterServerStrategy, `steps_per_execution` must be an "
-            "integer >= 1 (steps per scheduled function). Received: "
-            f"steps_per_execution={value!r} of type {type(value).__name__}. "
-            "Compile with e.g. `steps_per_execution=10`."
-        )
-    if value < 1:
-        raise ValueError(
-            "Under ParameterServerStrategy, `steps_per_execution` must be >= "
-            "1 (steps per scheduled function). Received: "
-            f"steps_per_execution={value}. Compile with e.g. "
-            "`steps_per_execution=10`, or leave it at 1."
-        )
-    return int(value)
 
 
 def check_optimizer_on_tensors(optimizer, per_call):

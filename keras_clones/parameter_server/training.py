@@ -212,17 +212,27 @@ def _beside_largest(strategy, variables):
 def check_in_flight_per_worker(value):
     """`value` if it is a valid `in_flight_per_worker` (an integer >= 1),
     else a `TypeError` or `ValueError` that says so."""
+    return check_positive_integer(
+        "in_flight_per_worker",
+        value,
+        "scheduled functions each worker may have in flight; 1 waits for "
+        "each result to be applied",
+    )
+
+
+def check_positive_integer(name, value, meaning, advice=""):
+    """`value` (as an `int`) if it is an integer >= 1, else a `TypeError`
+    or `ValueError` that names argument `name`, says what it is
+    (`meaning`), what was received, and `advice`."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(
-            "`in_flight_per_worker` must be an integer >= 1 (scheduled "
-            "functions each worker may have in flight). Received: "
-            f"in_flight_per_worker={value!r} of type {type(value).__name__}."
+            f"`{name}` must be an integer >= 1 ({meaning}). Received: "
+            f"{name}={value!r} of type {type(value).__name__}.{advice}"
         )
     if value < 1:
         raise ValueError(
-            "`in_flight_per_worker` must be >= 1 (1: each worker waits for "
-            "its result to be applied). Received: "
-            f"in_flight_per_worker={value}."
+            f"`{name}` must be >= 1 ({meaning}). Received: {name}={value}."
+            f"{advice}"
         )
     return int(value)
 
