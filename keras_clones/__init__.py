@@ -39,6 +39,10 @@ if sys.argv[:1] != ["-m"]:
         from keras_clones.clone_model import CloneModel
         from keras_clones.deployment import DeploymentConfig
     else:
+        from keras_clones import _keras_internals
+
+        if _keras_internals.ON_JAX:  # `fit` across JAX processes.
+            _keras_internals.install_jax_trainer_overrides()
 
         def __getattr__(name):
             if name in __all__:  # The TensorFlow-only ones.

@@ -14,6 +14,7 @@ and the test checks that Keras still defines and calls each of them.
 """
 
 import contextlib
+import functools
 import json
 import threading
 
@@ -31,6 +32,9 @@ if ON_TENSORFLOW:  # Keras's TensorFlow backend; absent under the others.
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
     from tensorflow.core.framework import attr_value_pb2
+ON_JAX = keras.backend.backend() == "jax"
+if ON_JAX:
+    from keras.src.backend.jax.trainer import JAXTrainer
 
 __all__ = [
     "Functional",
@@ -51,6 +55,8 @@ __all__ = [
     "loss_tracker",
     "no_automatic_dependency_tracking",
     "initial_epoch",
+    "install_jax_trainer_overrides",
+    "JAX_TRAINER_OVERRIDES",
     "on_this_process",
     "own_variables",
     "scope_values",
@@ -79,6 +85,51 @@ if ON_TENSORFLOW:
             ("_save_model", "_load_model"),
         ),
     }
+
+
+# The methods of Keras's `JAXTrainer` (the class of every `keras.Model` on
+# JAX) that keras_clones overrides, with what stands in for each
+# (`keras_clones.jax_processes.fitting`): they act only across JAX
+# processes with an `AGNOptimizer`, and call Keras's own elsewhere.
+JAX_TRAINER_OVERRIDES = (
+    "fit",
+    "make_train_function",
+    "_get_metrics_result_or_logs",
+    "train_on_batch",
+)
+
+
+def install_jax_trainer_overrides():
+    """Puts keras_clones's `fit` across JAX processes into Keras's
+    `JAXTrainer` (`JAX_TRAINER_OVERRIDES`), once; each override calls
+    Keras's own method where it does not act."""
+    from keras_clones.jax_processes import fitting
+
+    if getattr(JAXTrainer, "_keras_clones_overrides", None):
+        return
+    stand_ins = {
+        "fit": fitting.fit,
+        "make_train_function": fitting.make_train_function,
+        "_get_metrics_result_or_logs": fitting.metrics_result_or_logs,
+        "train_on_batch": fitting.train_on_batch,
+    }
+    keras_methods = {}
+    for name in JAX_TRAINER_OVERRIDES:
+        keras_methods[name] = getattr(JAXTrainer, name)
+        setattr(
+            JAXTrainer, name, _override(stand_ins[name], keras_methods[name])
+        )
+    JAXTrainer._keras_clones_overrides = keras_methods
+
+
+def _override(stand_in, keras_method):
+    """A method that calls `stand_in(keras_method, self, ...)`."""
+
+    @functools.wraps(keras_method)
+    def method(self, *args, **kwargs):
+        return stand_in(keras_method, self, *args, **kwargs)
+
+    return method
 
 
 # Models (Keras's `Trainer` and `Layer`).

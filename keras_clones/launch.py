@@ -260,6 +260,13 @@ def launch(
             f"Received: max_restarts={max_restarts!r}."
         )
     _check_min_workers(min_workers, workers, max_restarts, ps)
+    if ps and keras_backend() == "jax":
+        raise ValueError(
+            "Parameter servers (`ps`) run on Keras's TensorFlow backend, but "
+            "the workers would run on JAX (KERAS_BACKEND=jax, or keras.json). "
+            "Across JAX processes, train with an AGNOptimizer and no `ps`, "
+            "or set KERAS_BACKEND=tensorflow."
+        )
     if ps:
         return launch_parameter_servers(
             script,
@@ -573,14 +580,44 @@ def _wait_parameter_servers(processes, names, grace_period, lock, restart):
         time.sleep(_POLL_INTERVAL)
 
 
-def _start(command, cluster, task):
-    """Starts `command` as task `(type, index)` of `cluster` (its
-    `TF_CONFIG`), its output piped, killed when the launcher dies."""
+def keras_backend():
+    """The Keras backend the workers will run, found as Keras finds it:
+    `KERAS_BACKEND`, else `backend` in `$KERAS_HOME/keras.json` (by default
+    `~/.keras/keras.json`), else "tensorflow"."""
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(
+        os.path.expanduser("~"), ".keras"
+    )
+    try:
+        with open(os.path.join(home, "keras.json")) as f:
+            return json.load(f).get("backend", "tensorflow")
+    except (OSError, ValueError):
+        return "tensorflow"
+
+
+def _task_environment(cluster, task):
+    """What tells task `(type, index)` of `cluster` where it stands: on
+    JAX, Keras's `KERAS_DISTRIBUTION_*` variables, which
+    `keras.distribution.initialize()` reads; else `TF_CONFIG`."""
     kind, index = task
+    if keras_backend() == "jax":
+        return {
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": ",".join(cluster["worker"]),
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": str(len(cluster["worker"])),
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
+        }
     tf_config = {"cluster": cluster, "task": {"type": kind, "index": index}}
+    return {"TF_CONFIG": json.dumps(tf_config)}
+
+
+def _start(command, cluster, task):
+    """Starts `command` as task `(type, index)` of `cluster`
+    (`_task_environment`), its output piped, killed when the launcher
+    dies."""
     return subprocess.Popen(
         command,
-        env=dict(os.environ, TF_CONFIG=json.dumps(tf_config)),
+        env=dict(os.environ, **_task_environment(cluster, task)),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -853,6 +890,12 @@ def main(argv=None):
         parser.error(f"no such script: {options.script}")
     if options.ps < 0:
         parser.error(f"--ps must be non-negative, got {options.ps}")
+    if options.ps and keras_backend() == "jax":
+        parser.error(
+            "--ps needs Keras's TensorFlow backend, but the workers would run "
+            "on JAX; across JAX processes, train with an AGNOptimizer and no "
+            "--ps, or set KERAS_BACKEND=tensorflow"
+        )
     if options.restart_workers and not options.ps:
         parser.error(
             "--restart-workers needs --ps; across workers use --max-restarts"

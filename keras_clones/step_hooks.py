@@ -28,6 +28,7 @@ import keras
 
 from keras_clones import gradients
 from keras_clones import optimizer_capabilities
+from keras_clones import process_axis
 from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import tf
 from keras_clones.conditional import run_if
@@ -97,20 +98,23 @@ class Verdict(typing.NamedTuple):
         """This verdict, agreed by every worker (one small all-reduce, in a
         replica context across several): one more check, whether every
         worker's passed; as it is elsewhere."""
-        if not ON_TENSORFLOW:  # One replica.
-            return self
-        context = tf.distribute.get_replica_context()
-        if context is None or context.num_replicas_in_sync == 1:
-            return self
-        mine = tf.stack([tf.reduce_all(self.finite), self.loss_passed])
-        failures = context.all_reduce(
-            tf.distribute.ReduceOp.SUM,
-            tf.cast(tf.logical_not(mine), "float32"),
-        )
-        every = tf.unstack(tf.equal(failures, 0.0))
+        ops = keras.ops
+        mine = ops.stack([ops.all(self.finite), self.loss_passed])
+        mine = ops.cast(ops.logical_not(mine), "float32")
+        if not ON_TENSORFLOW:
+            if process_axis.workers() is None:  # One replica.
+                return self
+            (failures,) = process_axis.total([mine])
+        else:
+            context = tf.distribute.get_replica_context()
+            if context is None or context.num_replicas_in_sync == 1:
+                return self
+            failures = context.all_reduce(tf.distribute.ReduceOp.SUM, mine)
+        every = ops.equal(failures, 0.0)
+        every = (every[0], every[1])
         return self._replace(
-            finite=tf.concat([self.finite, every[:1]], 0),
-            every_worker=tuple(every),
+            finite=ops.concatenate([self.finite, every[0][None]], 0),
+            every_worker=every,
         )
 
 

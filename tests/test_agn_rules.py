@@ -182,7 +182,8 @@ def test_commits_travel_in_the_communication_dtype_and_reduce_by_rule(
     (back,) = rule.received(sent, ["float32"])
     assert back.dtype == tf.float32
     np.testing.assert_array_equal(back, [1.0, 3.0])
-    assert rule.reduce_op == op.lower()
+    assert rule.reduce_op(gradients_divided=True) == op.lower()
+    assert rule.reduce_op(gradients_divided=False) == "mean"
 
 
 def test_reduced_commits_move_the_centers_by_the_outer_optimizer_by_hand():

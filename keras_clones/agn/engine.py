@@ -49,10 +49,10 @@ from keras_clones.step_hooks import Step
 
 def skips_alone(schedule, replicas):
     """Whether a worker skips a non-finite local step alone, counted at the
-    next commit: across workers (`replicas.across_workers`), with a period
-    longer than 1 (with a period of 1 the step is the commit, and the
-    workers skip it together)."""
-    return schedule.period > 1 and replicas.across_workers
+    next commit: where workers take their steps apart
+    (`replicas.steps_apart`), with a period longer than 1 (with a period
+    of 1 the step is the commit, and the workers skip it together)."""
+    return schedule.period > 1 and replicas.steps_apart
 
 
 def _in_a_step(strategy, fn):
@@ -170,8 +170,9 @@ class PeriodEngine:
         grads, variables = gradients.overwrite_with_gradients(
             *zip(*gradients.with_gradients(grads, variables, warn=False))
         )
-        workers = self.replicas.count
-        if self.replicas.across_workers:
+        replicas = self.replicas
+        workers = replicas.count
+        if replicas.steps_apart and replicas.gradients_divided:
             # Workers train locally between synchronisations, each on the
             # gradient of its own batch (Keras divides it by the workers).
             with internals.without_gradient_all_reduce(self.inner_optimizer):
@@ -192,17 +193,16 @@ class PeriodEngine:
 
     def _count_skip(self, applied):
         read_own = self.replicas.read_own
-        skipped = tf.logical_not(applied)
+        ops = keras.ops
+        skipped = ops.logical_not(applied)
         state = self.state
-        state.skipped.assign_add(tf.cast(skipped, "float32"))
-        first = tf.logical_and(skipped, read_own(state.first_skipped) < 0)
-        state.first_skipped.assign(
-            tf.where(
-                first,
-                tf.cast(self._iterations, "int64"),
-                read_own(state.first_skipped),
-            )
+        state.skipped.assign_add(ops.cast(skipped, "float32"))
+        first_skipped = read_own(state.first_skipped)
+        first = ops.logical_and(skipped, first_skipped < 0)
+        iteration = ops.cast(
+            gradients.read(self._iterations), first_skipped.dtype
         )
+        state.first_skipped.assign(ops.where(first, iteration, first_skipped))
 
     def _count_step(self, pairs, hooks, applied):
         self.state.local_step.assign_add(1)
@@ -314,7 +314,10 @@ class PeriodEngine:
         Keras has divided by the replicas, a mean of weight changes), in
         `communication_dtype`."""
         rule = self.rule
-        reduced = self.replicas.all_reduce(rule.reduce_op, rule.to_send(values))
+        replicas = self.replicas
+        reduced = replicas.all_reduce(
+            rule.reduce_op(replicas.gradients_divided), rule.to_send(values)
+        )
         return rule.received(reduced, [v.dtype for v in values])
 
     def _move_centers(self, fragment, reduced, hooks):
@@ -368,20 +371,21 @@ class PeriodEngine:
             return
         state = self.state
         read_own = self.replicas.read_own
-        mine = tf.stack(
-            [
-                tf.cast(read_own(state.skipped), "int64"),
-                read_own(state.first_skipped),
-            ]
+        ops = keras.ops
+        first_skipped = read_own(state.first_skipped)
+        dtype = first_skipped.dtype
+        mine = ops.stack(
+            [ops.cast(read_own(state.skipped), dtype), first_skipped]
         )
-        every = tf.distribute.get_replica_context().all_gather(mine[None], 0)
+        every = self.replicas.all_gather(mine)
         counts, firsts = every[:, 0], every[:, 1]
         known = firsts >= 0
-        least = tf.reduce_min(tf.where(known, firsts, firsts.dtype.max))
-        least = tf.where(tf.reduce_any(known), least, tf.constant(-1, "int64"))
+        unknown = np.iinfo(keras.backend.standardize_dtype(dtype)).max
+        least = ops.min(ops.where(known, firsts, unknown))
+        least = ops.where(ops.any(known), least, ops.cast(-1, dtype))
         state.skipped.assign(0.0)
         state.first_skipped.assign(-1)
-        hooks.report_skips(tf.cast(tf.reduce_sum(counts), "float32"), least)
+        hooks.report_skips(ops.cast(ops.sum(counts), "float32"), least)
 
     # Delay 1: overlapped commits.
 

@@ -5,12 +5,21 @@ On TensorFlow (`StrategyReplicas`) a step runs in a replica context of a
 `tf.distribute` strategy (the default one in one process): its
 cross-replica parts run in a merge call, each replica's parts through
 `call_for_each_replica`, and commits are all-reduced. Under Keras's other
-backends (`OneReplica`) there is one replica: `keras.distribution`
-replicates AGN's state and gives the step the global batch's gradients,
-so every part runs where it is called and a reduction is the value itself.
+backends (`KerasReplicas`) a step is one replica's: in one process, or
+under `keras.distribution`, which replicates AGN's state and gives the
+step the global batch's gradients, every part runs where it is called and
+a reduction is the value itself; in a step traced across JAX processes
+(`keras_clones.process_axis`), each process is a worker whose reductions
+are means over the processes.
+
+Two questions are asked of a seam, and they differ: whether each worker
+takes its local steps apart, on its own gradients (`steps_apart`), and
+whether Keras divided each replica's gradients by the replicas
+(`gradients_divided`: under `tf.distribute`, not on JAX).
 """
 
 from keras_clones import gradients
+from keras_clones import process_axis
 from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import tf
 from keras_clones.conditional import run_if
@@ -45,8 +54,12 @@ class StrategyReplicas:
     def count(self):
         return self._strategy.num_replicas_in_sync
 
+    # Keras's optimizers under `tf.distribute` divide each replica's
+    # gradients by the replicas (their sum is the mean).
+    gradients_divided = True
+
     @property
-    def across_workers(self):
+    def steps_apart(self):
         """Whether the strategy trains across workers, one replica each:
         then each worker takes local steps on its own gradients."""
         strategy = self._strategy
@@ -90,6 +103,12 @@ class StrategyReplicas:
         context = tf.distribute.get_replica_context()
         return context.all_reduce(op[reduce_op], values)
 
+    def all_gather(self, value):
+        """In a replica: every replica's `value`, stacked on a new first
+        axis."""
+        context = tf.distribute.get_replica_context()
+        return context.all_gather(value[None], 0)
+
     def read_own(self, variable):
         """In a replica: its own value of a variable it holds alone."""
         return tf.identity(gradients.tf_variable(variable))
@@ -99,18 +118,28 @@ class StrategyReplicas:
         run_if(pred, update)
 
 
-class OneReplica:
-    """The one replica of a step under Keras's other backends (JAX), in
-    one process or under `keras.distribution`. `writes()` gives the
-    variables a conditional update may assign by default; inside one, what
-    the enclosing one may."""
+class KerasReplicas:
+    """The replicas of a step under Keras's other backends (JAX): one, in
+    one process or under `keras.distribution`; in a step traced across
+    JAX processes (`process_axis.workers()`), one per process. `writes()`
+    gives the variables a conditional update may assign by default; inside
+    one, what the enclosing one may."""
 
-    count = 1
-    across_workers = False
+    gradients_divided = False  # Keras on JAX divides by no replicas.
 
     def __init__(self, writes):
         self._writes = writes
         self._enclosing = []  # The writes of the conditionals we are in.
+
+    @property
+    def count(self):
+        return process_axis.workers() or 1
+
+    @property
+    def steps_apart(self):
+        """Whether each process takes its local steps on its own
+        gradients: in a step across JAX processes."""
+        return process_axis.workers() is not None
 
     def check_step_context(self):
         pass
@@ -131,7 +160,17 @@ class OneReplica:
         fn(variable, value)
 
     def all_reduce(self, reduce_op, values):
-        return list(values)
+        """`values` reduced over the processes (`"sum"` or `"mean"`)."""
+        if process_axis.workers() is None:
+            return list(values)
+        if reduce_op == "sum":
+            return process_axis.total(values)
+        return process_axis.mean(values)
+
+    def all_gather(self, value):
+        if process_axis.workers() is None:
+            return value[None]
+        return process_axis.gather(value)
 
     def read_own(self, variable):
         return gradients.read(variable)
@@ -152,5 +191,6 @@ class OneReplica:
 
 def for_this_backend(writes):
     """The replicas of this backend's steps; `writes()` lists what a
-    conditional update may assign where that must be said (`OneReplica`)."""
-    return StrategyReplicas() if ON_TENSORFLOW else OneReplica(writes)
+    conditional update may assign where that must be said
+    (`KerasReplicas`)."""
+    return StrategyReplicas() if ON_TENSORFLOW else KerasReplicas(writes)

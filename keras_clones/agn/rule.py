@@ -46,12 +46,11 @@ class CommitRule(typing.NamedTuple):
             value = value / keras.ops.cast(self.period, value.dtype)
         return value
 
-    @property
-    def reduce_op(self):
-        """How the workers' commits combine: summed gradients (Keras
-        divides each worker's by the workers), or the mean weight change:
-        `"sum"` or `"mean"`."""
-        if self.commit == "gradients":
+    def reduce_op(self, gradients_divided):
+        """How the workers' commits combine, `"sum"` or `"mean"`: the mean
+        commit, which for gradients Keras divided by the workers
+        (`gradients_divided`, under `tf.distribute`) is their sum."""
+        if self.commit == "gradients" and gradients_divided:
             return "sum"
         return "mean"
 

@@ -1,0 +1,239 @@
+"""Keras's `fit` across JAX processes, for a model compiled with an
+`AGNOptimizer`: what keras_clones changes in Keras's JAX trainer, and
+when.
+
+A script started as several processes calls
+`keras.distribution.initialize()` first (as under `keras.distribution`),
+then compiles and fits a plain `keras.Model` on its own rows. When JAX
+runs several processes, no `keras.distribution` is set and the optimizer
+is (or wraps) an `AGNOptimizer`, `fit`:
+
+- trains with the train function of `train_function.make`: each process
+  takes its own local steps, and the AGN commits are averaged over the
+  processes;
+- shows the progress bar on process 0 alone under `verbose="auto"`;
+- agrees, through `ProcessAgreement` (a callback it adds last): at the
+  start, on the steps of an epoch (refused where they differ) and, in a
+  run that has taken no step, on process 0's weights and optimizer state;
+  after every execution and every epoch, on `stop_training` (a stop on any
+  process stops every process);
+- logs, as `evaluate` returns, every metric's result from its state
+  summed over the processes.
+
+`_keras_internals.install_jax_trainer_overrides` puts these functions in
+Keras's `JAXTrainer`; each calls Keras's own where it does not act.
+"""
+
+import inspect
+import os
+import weakref
+
+import jax
+import keras
+
+from keras_clones import optimizer_capabilities
+from keras_clones.jax_processes import train_function
+from keras_clones.jax_processes.workers import Workers
+
+NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
+_WORKERS = []  # This run's `Workers`, made once.
+# A model's program of `metrics_result_or_logs`.
+_evaluation_logs = weakref.WeakKeyDictionary()
+
+
+def workers():
+    """This run's `Workers` (made on first use)."""
+    if not _WORKERS:
+        _WORKERS.append(Workers())
+    return _WORKERS[0]
+
+
+def _agn(optimizer):
+    from keras_clones.agn import AGNOptimizer
+
+    optimizer = optimizer_capabilities.unwrapped(optimizer)
+    return optimizer if isinstance(optimizer, AGNOptimizer) else None
+
+
+def check_processes_started():
+    """Refuses a process started as one of several whose JAX runs alone:
+    the script did not call `keras.distribution.initialize()`."""
+    started = os.environ.get(NUM_PROCESSES, "1")
+    if not started.isdigit() or int(started) <= 1:
+        return
+    if jax.process_count() == 1:
+        raise RuntimeError(
+            f"This process was started as one of {started} "
+            f"({NUM_PROCESSES}={started}), but JAX runs in this process "
+            "alone, so it would train a model of its own on its own data. "
+            "Call `keras.distribution.initialize()` at the start of the "
+            "script, before any Keras object exists, to join the others."
+        )
+
+
+def across_processes(model):
+    """Whether `model`'s training runs across JAX processes with an
+    `AGNOptimizer` (keras_clones's train function); refuses what cannot
+    train there."""
+    if jax.process_count() == 1:
+        return False
+    distribution = keras.distribution.distribution()
+    agn = _agn(model.optimizer)
+    if distribution is not None:
+        if agn is not None:
+            raise ValueError(
+                "An AGNOptimizer trains across JAX processes by itself (each "
+                "process takes its own local steps), so it cannot also run "
+                f"under a `keras.distribution` ({distribution!r}). Remove "
+                "`keras.distribution.set_distribution(...)`, or use the "
+                "inner optimizer alone under the distribution."
+            )
+        return False
+    if agn is None:
+        raise ValueError(
+            f"This model trains across {jax.process_count()} JAX processes "
+            "with neither an `AGNOptimizer` nor a `keras.distribution`, so "
+            "each process would train a model of its own. Compile it with "
+            "`optimizer=keras_clones.AGNOptimizer(...)`, or set "
+            "`keras.distribution.set_distribution("
+            "keras.distribution.DataParallel())`."
+        )
+    _check_one_device()
+    if model.run_eagerly or not model.jit_compile:
+        raise ValueError(
+            "Across JAX processes an AGNOptimizer's steps run compiled, but "
+            f"the model was compiled with run_eagerly={model.run_eagerly!r}, "
+            f"jit_compile={model.jit_compile!r}. Compile it with "
+            "`run_eagerly=False` and `jit_compile=True` (the defaults)."
+        )
+    return True
+
+
+def _check_one_device():
+    devices = jax.local_device_count()
+    if devices > 1:
+        raise ValueError(
+            "An AGNOptimizer across JAX processes trains one worker per "
+            f"process on one device, but this process has {devices} "
+            "devices. Start one process per device (e.g. with "
+            "CUDA_VISIBLE_DEVICES, or XLA_FLAGS without "
+            "--xla_force_host_platform_device_count)."
+        )
+
+
+class ProcessAgreement(keras.callbacks.Callback):
+    """What the processes agree on during `fit` (see the module's
+    docstring); `fit` adds it last."""
+
+    def __init__(self, workers):
+        super().__init__()
+        self._workers = workers
+
+    def on_train_begin(self, logs=None):
+        steps = self.params.get("steps")
+        every = self._workers.gather(-1 if steps is None else steps)
+        if (every < 0).any():
+            raise ValueError(
+                "Across JAX processes the processes agree on the steps of "
+                "an epoch when `fit` starts, but the input of process(es) "
+                f"{_indices(every < 0)} has no known length. Pass "
+                "`steps_per_epoch` to `fit`."
+            )
+        if len(set(every.tolist())) > 1:
+            raise ValueError(
+                "Across JAX processes every process must run the same "
+                "steps per epoch (each runs the AGN period's collectives "
+                f"with the others), but they would run {every.tolist()} "
+                "(by process). Give each process as many rows, or pass "
+                "`steps_per_epoch`."
+            )
+        optimizer = self.model.optimizer
+        if int(keras.ops.convert_to_numpy(optimizer.iterations)) == 0:
+            self._start_from_chief()
+
+    def _start_from_chief(self):
+        """Every process takes process 0's weights and optimizer state."""
+        model = self.model
+        variables = [
+            *model.trainable_variables,
+            *model.non_trainable_variables,
+            *model.optimizer.variables,
+        ]
+        values = self._workers.broadcast_from_chief([v.value for v in variables])
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._agree_on_stop()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._agree_on_stop()
+
+    def _agree_on_stop(self):
+        self.model.stop_training = self._workers.any(self.model.stop_training)
+
+
+def _indices(mask):
+    return ", ".join(str(i) for i, m in enumerate(mask) if m)
+
+
+def fit(keras_fit, model, *args, **kwargs):
+    """Keras's `fit` (`keras_fit`), across JAX processes where it acts."""
+    check_processes_started()
+    if model.optimizer is None or not across_processes(model):
+        return keras_fit(model, *args, **kwargs)
+    arguments = inspect.signature(keras_fit).bind(model, *args, **kwargs)
+    arguments.apply_defaults()
+    options = arguments.arguments
+    own = workers()
+    if options["verbose"] == "auto" and not own.is_chief:
+        options["verbose"] = 0
+    callbacks = options["callbacks"]
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        raise TypeError(
+            "Across JAX processes `fit` takes a list of callbacks, not a "
+            "`keras.callbacks.CallbackList`: it adds one of its own."
+        )
+    options["callbacks"] = [*(callbacks or []), ProcessAgreement(own)]
+    model.train_function = None  # Made across the processes.
+    return keras_fit(*arguments.args, **arguments.kwargs)
+
+
+def make_train_function(keras_make, model, force=False):
+    """Keras's `make_train_function`, or this module's train function
+    across processes."""
+    if model.optimizer is None or not across_processes(model):
+        return keras_make(model, force)
+    if model.train_function is not None and not force:
+        return
+    model.train_function = train_function.make(model, workers())
+
+
+def metrics_result_or_logs(keras_result, model, logs):
+    """Keras's `_get_metrics_result_or_logs`; across processes, every
+    metric's result from its state summed over them (`fit`'s epoch logs
+    and `evaluate`'s results): every process must call it alike."""
+    if model.optimizer is None or not across_processes(model):
+        return keras_result(model, logs)
+    own = workers()
+    program = _evaluation_logs.get(model)
+    if program is None:
+        program = train_function.global_logs_program(model, own)
+        _evaluation_logs[model] = program
+    values = [v.value for v in model.metrics_variables]
+    results = own.run(program, (values, model.get_metrics_result()))
+    if sorted(results) != sorted(logs or {}):
+        return logs
+    return results
+
+
+def train_on_batch(keras_train_on_batch, model, *args, **kwargs):
+    """Keras's `train_on_batch`, refused across processes."""
+    check_processes_started()
+    if model.optimizer is not None and across_processes(model):
+        raise NotImplementedError(
+            "`train_on_batch` does not run across JAX processes with an "
+            "AGNOptimizer: its steps would not be agreed. Use `fit` (with "
+            "`steps_per_epoch` for a few steps)."
+        )
+    return keras_train_on_batch(model, *args, **kwargs)

@@ -1,0 +1,63 @@
+"""The train function of a model whose AGN steps run across JAX processes:
+Keras's own `train_step`, traced once inside `jax.shard_map` over the
+workers' mesh, and the program that makes each execution's logs global.
+
+Each execution wraps the state Keras hands it as this process's part of
+global arrays, runs `steps_per_execution` steps on them (each on this
+process's own batch), makes the logs global, and unwraps the state: the
+variables, callbacks, `evaluate` and `save` stay this process's own. The
+step program holds no collective outside the AGN period end's
+conditional: steps that end no period communicate nothing.
+"""
+
+import jax
+import keras
+from jax.sharding import PartitionSpec
+
+from keras_clones import process_axis
+
+
+def make(model, workers):
+    """`model`'s train function across `workers` (a `Workers`), as Keras's
+    JAX trainer calls it: `(state, iterator) -> (logs, state)`."""
+
+    step = workers.program(
+        model.train_step,
+        lambda specs: (PartitionSpec(), specs[0]),
+        donate=(0,),
+    )
+    logs_program = global_logs_program(model, workers)
+
+    def train_function(state, iterator):
+        data = next(iterator)  # Ends the epoch, as in Keras, if none.
+        state = jax.tree.map(workers.wrap, state)
+        logs = None
+        for index in range(model.steps_per_execution):
+            if index:
+                try:
+                    data = next(iterator)
+                except StopIteration:
+                    break
+            logs, state = step(state, workers.wrap_data(data))
+        logs = jax.tree.map(workers.unwrap, logs_program(state[3], logs))
+        return logs, jax.tree.map(workers.unwrap, state)
+
+    return train_function
+
+
+def global_logs_program(model, workers):
+    """The program that makes logs global: given a model's metrics'
+    state and its logs (a dict of scalars), each metric's result from its
+    state summed over the processes, as across TensorFlow workers, and any
+    other log, its mean over them. One flat all-reduce per dtype."""
+    variables = model.metrics_variables
+
+    def make_global(metrics_values, logs):
+        summed = process_axis.total(metrics_values)
+        with keras.StatelessScope(state_mapping=list(zip(variables, summed))):
+            results = model.get_metrics_result()
+        others = [k for k in logs if k not in results]
+        means = dict(zip(others, process_axis.mean([logs[k] for k in others])))
+        return {k: results[k] if k in results else means[k] for k in logs}
+
+    return workers.program(make_global, lambda specs: PartitionSpec())

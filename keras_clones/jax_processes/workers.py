@@ -1,0 +1,165 @@
+"""The processes of a JAX run as workers: a one-dimensional mesh of one
+device per process (axis `process_axis.NAME`), and the programs that run
+on every process at once.
+
+A process's arrays take part in a program without a copy: an array of
+rank 1 or more as this process's block of a global array (the blocks on
+axis 0, `P(NAME)`), a scalar as a replicated global array (`P()`) whose
+every process holds its own value. Inside the program (`jax.shard_map`,
+its replication unchecked) each process sees its own arrays, and what it
+returns is unwrapped back into its own arrays.
+"""
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+
+from keras_clones import process_axis
+
+
+class Workers:
+    """This run's processes, one device each (the first of each)."""
+
+    def __init__(self):
+        self.count = jax.process_count()
+        self.index = jax.process_index()
+        firsts = {}
+        for device in sorted(jax.devices(), key=lambda d: d.id):
+            firsts.setdefault(device.process_index, device)
+        self.device = jax.local_devices()[0]
+        self.mesh = Mesh(
+            np.array([firsts[p] for p in range(self.count)]),
+            (process_axis.NAME,),
+        )
+        self._broadcast = self.program(_from_chief, lambda specs: specs[0])
+        self._gather = self.program(
+            lambda values: [process_axis.gather(values[0])],
+            lambda specs: PartitionSpec(),
+        )
+
+    @property
+    def is_chief(self):
+        return self.index == 0
+
+    def spec(self, value):
+        """How a process's `value` is laid out in a global array."""
+        if np.ndim(value) == 0:
+            return PartitionSpec()
+        return PartitionSpec(process_axis.NAME)
+
+    def wrap(self, value):
+        """This process's array `value` as its part of a global one."""
+        value = jax.device_put(value, self.device)
+        shape = tuple(value.shape)
+        if shape:
+            shape = (shape[0] * self.count, *shape[1:])
+        sharding = NamedSharding(self.mesh, self.spec(value))
+        return jax.make_array_from_single_device_arrays(
+            shape, sharding, [value]
+        )
+
+    def wrap_data(self, batch):
+        """This process's rows of a batch (a structure of arrays) as its
+        block of the global batch."""
+        sharding = NamedSharding(self.mesh, PartitionSpec(process_axis.NAME))
+        return jax.tree.map(
+            lambda rows: jax.make_array_from_process_local_data(
+                sharding, np.asarray(rows) if _host(rows) else rows
+            ),
+            batch,
+        )
+
+    def unwrap(self, value):
+        """This process's own array of a global array `value`."""
+        return value.addressable_data(0)
+
+    def program(self, fn, out_specs, donate=()):
+        """`fn` as a `Program` on every process (see `Program`)."""
+        return Program(self, fn, out_specs, donate)
+
+    def run(self, program, values):
+        """`program` on `values` (structures of this process's arrays),
+        its results unwrapped."""
+        wrapped = jax.tree.map(self.wrap, tuple(values))
+        return jax.tree.map(self.unwrap, program(*wrapped))
+
+    # Small programs.
+
+    def broadcast_from_chief(self, values):
+        """`values` (a list of arrays) as process 0 holds them, on every
+        process (exactly: the others add zeros)."""
+        if not values:
+            return []
+        return self.run(self._broadcast, (list(values),))
+
+    def gather(self, value):
+        """Every process's scalar `value`, as a NumPy vector."""
+        (gathered,) = self.run(self._gather, ([np.asarray(value)],))
+        return np.asarray(gathered)
+
+    def any(self, flag):
+        """Whether `flag` (a bool) holds on any process."""
+        return bool(np.any(self.gather(np.int32(bool(flag)))))
+
+
+class Program:
+    """`fn` compiled as one program on every process (`jax.shard_map` over
+    the workers' mesh), for arguments laid out as their values are
+    (`Workers.spec`), its results as `out_specs(in_specs)` (a structure of
+    `PartitionSpec`s), the arguments at positions `donate` donated; traced
+    once per layout of its arguments. Call it on global arrays."""
+
+    def __init__(self, workers, fn, out_specs, donate=()):
+        self._workers = workers
+        self._fn = fn
+        self._out_specs = out_specs
+        self._donate = donate
+        self._compiled = {}
+
+    def __call__(self, *args):
+        workers = self._workers
+        specs = jax.tree.map(workers.spec, args)
+        layout = (jax.tree.structure(args), str(specs))
+        compiled = self._compiled.get(layout)
+        if compiled is None:
+
+            def traced(*args):
+                with process_axis.traced(workers.count):
+                    return self._fn(*args)
+
+            compiled = jax.jit(
+                jax.shard_map(
+                    traced,
+                    mesh=workers.mesh,
+                    in_specs=specs,
+                    out_specs=self._out_specs(specs),
+                    check_vma=False,
+                ),
+                donate_argnums=self._donate,
+            )
+            self._compiled[layout] = compiled
+        return compiled(*args)
+
+
+def _from_chief(values):
+    import jax.numpy as jnp
+    from jax import lax
+
+    chief = lax.axis_index(process_axis.NAME) == 0
+    kept = []
+    for value in values:
+        as_int = value.dtype == jnp.bool_
+        if as_int:
+            value = value.astype(jnp.int32)
+        kept.append(jnp.where(chief, value, jnp.zeros_like(value)))
+    summed = process_axis.total(kept)
+    return [
+        s.astype(jnp.bool_) if v.dtype == jnp.bool_ else s
+        for s, v in zip(summed, values)
+    ]
+
+
+def _host(rows):
+    return not isinstance(rows, jax.Array)
