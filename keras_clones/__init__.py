@@ -41,8 +41,8 @@ if sys.argv[:1] != ["-m"]:
     else:
         from keras_clones import _keras_internals
 
-        if _keras_internals.ON_JAX:  # `fit` across JAX processes.
-            _keras_internals.install_jax_trainer_overrides()
+        # `fit` across JAX processes.
+        _keras_internals.install_jax_trainer_overrides()
 
         def __getattr__(name):
             if name in __all__:  # The TensorFlow-only ones.

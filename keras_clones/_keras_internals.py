@@ -16,6 +16,7 @@ and the test checks that Keras still defines and calls each of them.
 import contextlib
 import functools
 import json
+import sys
 import threading
 
 import keras
@@ -23,18 +24,15 @@ from keras.src.backend.common.stateless_scope import get_stateless_scope
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 from keras.src.optimizers.base_optimizer import BaseOptimizer
+from keras.src.utils import file_utils
 from keras.src.utils.tracking import no_automatic_dependency_tracking
 
 from keras_clones._tensorflow import ON_TENSORFLOW
-from keras_clones._tensorflow import tf
 
 if ON_TENSORFLOW:  # Keras's TensorFlow backend; absent under the others.
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
     from tensorflow.core.framework import attr_value_pb2
-ON_JAX = keras.backend.backend() == "jax"
-if ON_JAX:
-    from keras.src.backend.jax.trainer import JAXTrainer
 
 __all__ = [
     "Functional",
@@ -56,6 +54,7 @@ __all__ = [
     "no_automatic_dependency_tracking",
     "initial_epoch",
     "install_jax_trainer_overrides",
+    "JAX_MODEL_OVERRIDES",
     "JAX_TRAINER_OVERRIDES",
     "on_this_process",
     "own_variables",
@@ -73,63 +72,63 @@ __all__ = [
 # `{"module:class" of keras_clones: (the Keras class that defines and calls
 # them, (the Keras private methods it overrides, ...))}`.
 # (Under another backend, only the classes that exist there.)
-OVERRIDDEN_PRIVATE_METHODS = {}
+OVERRIDDEN_PRIVATE_METHODS = {
+    "keras_clones.worker_backup:BackupWithWorkerState": (
+        keras.callbacks.BackupAndRestore,
+        ("_save_model", "_load_model"),
+    ),
+}
 if ON_TENSORFLOW:
-    OVERRIDDEN_PRIVATE_METHODS = {
-        "keras_clones:CloneModel": (
-            TensorFlowTrainer,
-            ("_maybe_symbolic_build", "_resolve_auto_jit_compile"),
-        ),
-        "keras_clones.multi_worker.backup:WorkerBackup": (
-            keras.callbacks.BackupAndRestore,
-            ("_save_model", "_load_model"),
-        ),
-    }
+    OVERRIDDEN_PRIVATE_METHODS["keras_clones:CloneModel"] = (
+        TensorFlowTrainer,
+        ("_maybe_symbolic_build", "_resolve_auto_jit_compile"),
+    )
 
 
 # The methods of Keras's `JAXTrainer` (the class of every `keras.Model` on
-# JAX) that keras_clones overrides, with what stands in for each
-# (`keras_clones.jax_processes.fitting`): they act only across JAX
-# processes with an `AGNOptimizer`, and call Keras's own elsewhere.
+# JAX) and of `keras.Model` that keras_clones overrides on JAX: each stand-in
+# (`keras_clones.jax_processes.fitting`) acts only across JAX processes
+# with an `AGNOptimizer`, and calls Keras's own method elsewhere.
 JAX_TRAINER_OVERRIDES = (
     "fit",
     "make_train_function",
     "_get_metrics_result_or_logs",
     "train_on_batch",
 )
+JAX_MODEL_OVERRIDES = ("save", "save_weights")
 
 
 def install_jax_trainer_overrides():
     """Puts keras_clones's `fit` across JAX processes into Keras's
-    `JAXTrainer` (`JAX_TRAINER_OVERRIDES`), once; each override calls
-    Keras's own method where it does not act."""
+    `JAXTrainer` and `keras.Model` (`JAX_TRAINER_OVERRIDES`,
+    `JAX_MODEL_OVERRIDES`), once, where Keras's models are JAX trainers;
+    each override calls Keras's own method where it does not act.
+    `JAXTrainer._keras_clones_overrides` keeps Keras's methods."""
+    trainer = sys.modules.get("keras.src.backend.jax.trainer")
+    if trainer is None:  # Keras's models are not JAX trainers.
+        return
+    jax_trainer = trainer.JAXTrainer
+    if getattr(jax_trainer, "_keras_clones_overrides", None):
+        return
     from keras_clones.jax_processes import fitting
 
-    if getattr(JAXTrainer, "_keras_clones_overrides", None):
-        return
-    stand_ins = {
-        "fit": fitting.fit,
-        "make_train_function": fitting.make_train_function,
-        "_get_metrics_result_or_logs": fitting.metrics_result_or_logs,
-        "train_on_batch": fitting.train_on_batch,
-    }
+    def override(stand_in, keras_method):
+        @functools.wraps(keras_method)
+        def method(self, *args, **kwargs):
+            return stand_in(keras_method, self, *args, **kwargs)
+
+        return method
+
     keras_methods = {}
-    for name in JAX_TRAINER_OVERRIDES:
-        keras_methods[name] = getattr(JAXTrainer, name)
-        setattr(
-            JAXTrainer, name, _override(stand_ins[name], keras_methods[name])
-        )
-    JAXTrainer._keras_clones_overrides = keras_methods
-
-
-def _override(stand_in, keras_method):
-    """A method that calls `stand_in(keras_method, self, ...)`."""
-
-    @functools.wraps(keras_method)
-    def method(self, *args, **kwargs):
-        return stand_in(keras_method, self, *args, **kwargs)
-
-    return method
+    for cls, names in (
+        (jax_trainer, JAX_TRAINER_OVERRIDES),
+        (keras.Model, JAX_MODEL_OVERRIDES),
+    ):
+        for name in names:
+            keras_methods[name] = getattr(cls, name)
+            stand_in = fitting.STAND_INS[name]
+            setattr(cls, name, override(stand_in, keras_methods[name]))
+    jax_trainer._keras_clones_overrides = keras_methods
 
 
 # Models (Keras's `Trainer` and `Layer`).
@@ -183,9 +182,9 @@ def backup_metadata(callback):
     """What a `BackupAndRestore` wrote beside its weights (`epoch`, `batch`),
     or None where it has no backup."""
     path = callback._training_metadata_path
-    if not tf.io.gfile.exists(path):
+    if not file_utils.exists(path):
         return None
-    with tf.io.gfile.GFile(path) as f:
+    with file_utils.File(path) as f:
         return json.loads(f.read())
 
 

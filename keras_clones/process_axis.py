@@ -35,6 +35,13 @@ def workers():
     return _COUNTS[-1] if _COUNTS else None
 
 
+def processes():
+    """The number of JAX processes of this run (outside any step)."""
+    import jax
+
+    return jax.process_count()
+
+
 def mean(values):
     """Each of `values` (arrays) averaged over the processes."""
     from jax import lax

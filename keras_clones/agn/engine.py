@@ -236,9 +236,18 @@ class PeriodEngine:
 
     def _end_writes(self, fragment, hooks):
         """Every variable ending `fragment`'s period may assign: the
-        rounds, the fragment's and the hooks' state."""
+        rounds, the fragment's and the hooks' state, and the counts of
+        steps skipped alone."""
         hooks_state = hooks.state_variables if hooks is not None else []
-        return [self.state.rounds, *fragment.variables_written(), *hooks_state]
+        skips = []
+        if skips_alone(self.schedule, self.replicas):
+            skips = [self.state.skipped, self.state.first_skipped]
+        return [
+            self.state.rounds,
+            *fragment.variables_written(),
+            *hooks_state,
+            *skips,
+        ]
 
     def _period_end(self, fragment, pairs, hooks):
         """What ends `fragment`'s period in a step whose gradients are

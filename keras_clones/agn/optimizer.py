@@ -11,6 +11,7 @@ import numpy as np
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
+from keras_clones import process_axis
 from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import needs_tensorflow
 from keras_clones._tensorflow import tf
@@ -554,24 +555,27 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         own = self._own_entries()
         if arrays is not None:
             worker_state.check_fits(own, kinds, arrays)
-        replicas_now = internals.distribution_strategy(
-            self
-        ).num_replicas_in_sync
+        if ON_TENSORFLOW:
+            strategy = internals.distribution_strategy(self)
+            replicas_now = strategy.num_replicas_in_sync
+        else:
+            replicas_now = process_axis.processes()
         phases = [
-            int(f.phase.numpy())
+            int(keras.ops.convert_to_numpy(f.phase))
             for f in self._state.fragments
             if f.phase is not None
         ]
         worker_state.restore(
-            own, arrays, replicas_before, replicas_now, phases, self.commit
+            own,
+            arrays,
+            replicas_before,
+            replicas_now,
+            phases,
+            self.commit,
+            self._replicas.gradients_divided,
         )
 
     def _own_entries(self):
-        if not ON_TENSORFLOW:
-            raise needs_tensorflow(
-                "A worker's own state (`AGNOptimizer.worker_state`, "
-                "`restore_worker_state`: training across workers)"
-            )
         self._check_built("worker state")
         return worker_state.entries(self._state, self.inner_optimizer)
 

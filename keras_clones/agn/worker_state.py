@@ -23,13 +23,20 @@ On R' replicas after R (another number of workers):
   spread it over R' replicas, a mean (`commit="weight_change"`) or a
   received commit scaled by R' / R;
 - what a worker that left did since the period's start is not committed.
+
+Across JAX processes Keras divides no gradients and a commit is never in
+flight between executions (it is reduced in the step that sends it): each
+worker's own state keeps its values on any number of workers, and a new
+worker starts from the centers as above.
 """
 
 import typing
 
+import keras
 import numpy as np
 
 from keras_clones import gradients
+from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones.agn.fragment import RECEIVED
 
 # The kinds of a worker's own variables.
@@ -71,7 +78,10 @@ def entries(state, inner_optimizer):
 
 
 def _replicas(variable):
-    """This worker's replicas of `variable` (its own `tf.Variable`s)."""
+    """This worker's replicas of `variable` (its own `tf.Variable`s; on
+    another backend, the variable)."""
+    if not ON_TENSORFLOW:
+        return [variable]
     variable = gradients.tf_variable(variable)
     return list(getattr(variable, "values", (variable,)))
 
@@ -113,7 +123,15 @@ def _describe(kinds_and_shapes):
     return f"({shown}{more})"
 
 
-def restore(own, arrays, replicas_before, replicas_now, phases, commit):
+def restore(
+    own,
+    arrays,
+    replicas_before,
+    replicas_now,
+    phases,
+    commit,
+    gradients_divided=True,
+):
     """Restores this worker's own state from a backup, after the model's
     weights (the chief's) were loaded.
 
@@ -126,8 +144,19 @@ def restore(own, arrays, replicas_before, replicas_now, phases, commit):
         replicas_now: The replicas now.
         phases: Each fragment's phase of the commit in flight, restored.
         commit: The optimizer's rule (`commit`).
+        gradients_divided: Whether Keras divided each replica's gradients
+            by the replicas (under `tf.distribute`); else (across JAX
+            processes) every worker's accumulators and commits are its own
+            and the mean's, and keep their values on any number of them.
     """
     resized = replicas_before != replicas_now
+    if not gradients_divided:
+        for entry, saved in zip(own, arrays or [None] * len(own)):
+            if saved is not None:
+                _assign(entry.variable, saved)
+            elif entry.fresh is not None:
+                _assign(entry.variable, [_value(entry.fresh)])
+        return
     if resized and commit == "gradients" and len(set(phases)) > 1:
         raise ValueError(
             "This backup holds fragments whose commits in flight are in "
@@ -147,8 +176,12 @@ def restore(own, arrays, replicas_before, replicas_now, phases, commit):
                 saved = saved * (replicas_before / replicas_now)
             _assign(entry.variable, saved)
         elif entry.fresh is not None:
-            fresh = entry.fresh
-            _assign(entry.variable, [getattr(fresh, "numpy", lambda: fresh)()])
+            _assign(entry.variable, [_value(entry.fresh)])
+
+
+def _value(fresh):
+    """A fresh entry's value: a variable's, or a number."""
+    return getattr(fresh, "numpy", lambda: fresh)()
 
 
 def _assign(variable, saved):
@@ -163,7 +196,9 @@ def _assign(variable, saved):
     else:
         values = [saved[0]] * len(replicas)
     for replica, value in zip(replicas, values):
-        dtype = replica.dtype.as_numpy_dtype
+        dtype = getattr(replica.dtype, "as_numpy_dtype", None) or np.dtype(
+            keras.backend.standardize_dtype(replica.dtype)
+        )
         replica.assign(np.broadcast_to(value, replica.shape).astype(dtype))
 
 

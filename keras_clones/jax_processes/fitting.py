@@ -18,7 +18,12 @@ is (or wraps) an `AGNOptimizer`, `fit`:
   after every execution and every epoch, on `stop_training` (a stop on any
   process stops every process);
 - logs, as `evaluate` returns, every metric's result from its state
-  summed over the processes.
+  summed over the processes;
+- writes files once: `model.save` and `save_weights` (and so
+  `ModelCheckpoint`) write on process 0 alone, `CSVLogger` and
+  `TensorBoard` run there alone, and `keras.callbacks.BackupAndRestore`
+  runs on every process as `backup.ProcessBackup`: process 0 writes
+  Keras's backup, each process its own state beside it.
 
 `_keras_internals.install_jax_trainer_overrides` puts these functions in
 Keras's `JAXTrainer`; each calls Keras's own where it does not act.
@@ -32,6 +37,7 @@ import jax
 import keras
 
 from keras_clones import optimizer_capabilities
+from keras_clones.jax_processes import backup
 from keras_clones.jax_processes import train_function
 from keras_clones.jax_processes.workers import Workers
 
@@ -58,10 +64,8 @@ def _agn(optimizer):
 def check_processes_started():
     """Refuses a process started as one of several whose JAX runs alone:
     the script did not call `keras.distribution.initialize()`."""
-    started = os.environ.get(NUM_PROCESSES, "1")
-    if not started.isdigit() or int(started) <= 1:
-        return
-    if jax.process_count() == 1:
+    started = _started_as_one_of()
+    if started is not None and started > 1 and jax.process_count() == 1:
         raise RuntimeError(
             f"This process was started as one of {started} "
             f"({NUM_PROCESSES}={started}), but JAX runs in this process "
@@ -71,16 +75,26 @@ def check_processes_started():
         )
 
 
+def _started_as_one_of():
+    """The number of processes this one was started as one of (by the
+    launcher, or as Keras reads it), or None."""
+    started = os.environ.get(NUM_PROCESSES, "")
+    return int(started) if started.isdigit() else None
+
+
 def across_processes(model):
     """Whether `model`'s training runs across JAX processes with an
-    `AGNOptimizer` (keras_clones's train function); refuses what cannot
-    train there."""
-    if jax.process_count() == 1:
+    `AGNOptimizer` (keras_clones's train function): where JAX runs several,
+    or one started as one of `KERAS_DISTRIBUTION_NUM_PROCESSES` (the
+    launcher's `--workers 1`, a resume on one); refuses what cannot train
+    there."""
+    several = jax.process_count() > 1
+    if not several and _started_as_one_of() is None:
         return False
     distribution = keras.distribution.distribution()
     agn = _agn(model.optimizer)
     if distribution is not None:
-        if agn is not None:
+        if agn is not None and several:
             raise ValueError(
                 "An AGNOptimizer trains across JAX processes by itself (each "
                 "process takes its own local steps), so it cannot also run "
@@ -90,6 +104,8 @@ def across_processes(model):
             )
         return False
     if agn is None:
+        if not several:
+            return False
         raise ValueError(
             f"This model trains across {jax.process_count()} JAX processes "
             "with neither an `AGNOptimizer` nor a `keras.distribution`, so "
@@ -159,7 +175,8 @@ class ProcessAgreement(keras.callbacks.Callback):
             *model.non_trainable_variables,
             *model.optimizer.variables,
         ]
-        values = self._workers.broadcast_from_chief([v.value for v in variables])
+        values = [v.value for v in variables]
+        values = self._workers.broadcast_from_chief(values)
         for variable, value in zip(variables, values):
             variable.assign(value)
 
@@ -175,6 +192,14 @@ class ProcessAgreement(keras.callbacks.Callback):
 
 def _indices(mask):
     return ", ".join(str(i) for i, m in enumerate(mask) if m)
+
+
+def own_writer(callback, workers):
+    """Whether `callback` runs on this process: a `CSVLogger` or
+    `TensorBoard`, which write the (global) logs, runs on the chief
+    alone."""
+    writes_logs = (keras.callbacks.CSVLogger, keras.callbacks.TensorBoard)
+    return workers.is_chief or not isinstance(callback, writes_logs)
 
 
 def fit(keras_fit, model, *args, **kwargs):
@@ -194,7 +219,12 @@ def fit(keras_fit, model, *args, **kwargs):
             "Across JAX processes `fit` takes a list of callbacks, not a "
             "`keras.callbacks.CallbackList`: it adds one of its own."
         )
-    options["callbacks"] = [*(callbacks or []), ProcessAgreement(own)]
+    callbacks = [
+        backup.for_this_process(callback, own)
+        for callback in callbacks or []
+        if own_writer(callback, own)
+    ]
+    options["callbacks"] = [*callbacks, ProcessAgreement(own)]
     model.train_function = None  # Made across the processes.
     return keras_fit(*arguments.args, **arguments.kwargs)
 
@@ -227,6 +257,27 @@ def metrics_result_or_logs(keras_result, model, logs):
     return results
 
 
+def writes_here(model):
+    """Whether this process writes what `model` saves: across JAX
+    processes with an `AGNOptimizer`, process 0 alone (the chief, as
+    across TensorFlow workers); elsewhere, always."""
+    if jax.process_index() == 0:
+        return True
+    return (
+        keras.distribution.distribution() is not None
+        or getattr(model, "optimizer", None) is None
+        or _agn(model.optimizer) is None
+    )
+
+
+def save(keras_save, model, *args, **kwargs):
+    """Keras's `save` or `save_weights` (`keras_save`), on the chief alone
+    across processes (`writes_here`)."""
+    if writes_here(model):
+        return keras_save(model, *args, **kwargs)
+    return None
+
+
 def train_on_batch(keras_train_on_batch, model, *args, **kwargs):
     """Keras's `train_on_batch`, refused across processes."""
     check_processes_started()
@@ -237,3 +288,15 @@ def train_on_batch(keras_train_on_batch, model, *args, **kwargs):
             "`steps_per_epoch` for a few steps)."
         )
     return keras_train_on_batch(model, *args, **kwargs)
+
+
+# What stands in for each of Keras's methods that keras_clones overrides on
+# JAX (`_keras_internals.install_jax_trainer_overrides`).
+STAND_INS = {
+    "fit": fit,
+    "make_train_function": make_train_function,
+    "_get_metrics_result_or_logs": metrics_result_or_logs,
+    "train_on_batch": train_on_batch,
+    "save": save,
+    "save_weights": save,
+}

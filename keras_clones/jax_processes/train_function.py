@@ -42,6 +42,7 @@ def make(model, workers):
         logs = jax.tree.map(workers.unwrap, logs_program(state[3], logs))
         return logs, jax.tree.map(workers.unwrap, state)
 
+    train_function.step_program = step  # Its compiled steps, to read.
     return train_function
 
 

@@ -117,6 +117,7 @@ class Program:
         self._out_specs = out_specs
         self._donate = donate
         self._compiled = {}
+        self._arguments = {}  # Each layout's arguments, abstract.
 
     def __call__(self, *args):
         workers = self._workers
@@ -140,7 +141,16 @@ class Program:
                 donate_argnums=self._donate,
             )
             self._compiled[layout] = compiled
+            self._arguments[layout] = jax.tree.map(_abstract, args)
         return compiled(*args)
+
+    def compiled_texts(self):
+        """The text of each program compiled so far (XLA's HLO, after
+        optimisation), for a look at its collectives."""
+        return [
+            compiled.lower(*self._arguments[layout]).compile().as_text()
+            for layout, compiled in self._compiled.items()
+        ]
 
 
 def _from_chief(values):
@@ -159,6 +169,12 @@ def _from_chief(values):
         s.astype(jnp.bool_) if v.dtype == jnp.bool_ else s
         for s, v in zip(summed, values)
     ]
+
+
+def _abstract(value):
+    return jax.ShapeDtypeStruct(
+        value.shape, value.dtype, sharding=value.sharding
+    )
 
 
 def _host(rows):

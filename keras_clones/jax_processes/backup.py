@@ -1,0 +1,63 @@
+"""`BackupAndRestore` across JAX processes: `ProcessBackup`, the backup with
+each worker's own state (`keras_clones.worker_backup`) as a process runs
+it.
+
+Process 0 writes Keras's backup (`latest.weights.h5`, its metadata) in the
+user's backup directory; every process writes its own state beside it,
+under `keras_clones_workers/`, and the processes agree that every one did
+before process 0 writes Keras's files. On restore every process reads
+process 0's backup, then its own state; a resume on another number of
+processes follows `keras_clones.agn.worker_state`. `batch_size` is per
+process, so the global batch becomes the new number of processes times
+`batch_size`: the chief's resume line says so.
+"""
+
+import keras
+
+from keras_clones.worker_backup import BackupWithWorkerState
+from keras_clones.worker_backup import check_plain
+
+
+def for_this_process(callback, workers):
+    """`callback` as this process runs it across `workers` (a `Workers`):
+    a `keras.callbacks.BackupAndRestore` as a `ProcessBackup` (a subclass
+    of it is refused, as its overrides would be lost); any other as it
+    is."""
+    if not isinstance(callback, keras.callbacks.BackupAndRestore):
+        return callback
+    check_plain(callback, "Across JAX processes keras_clones runs")
+    return ProcessBackup(callback, workers)
+
+
+class ProcessBackup(BackupWithWorkerState):
+    """`callback`, a `keras.callbacks.BackupAndRestore`, as this process
+    runs it across `workers` (a `Workers`)."""
+
+    def __init__(self, callback, workers):
+        super().__init__(
+            callback,
+            callback.backup_dir,
+            worker=workers.index,
+            workers=workers.count,
+            is_chief=workers.is_chief,
+        )
+        self.writes_keras_backup = workers.is_chief
+        self._workers = workers
+
+    def after_own_state(self):
+        self._workers.any(False)  # Every process wrote its own state.
+
+    def on_train_end(self, logs=None):
+        # The directory is the chief's to remove (Keras's
+        # `delete_checkpoint`), once every process passed its last save.
+        if self.is_chief:
+            super().on_train_end(logs)
+
+    def resume_line(self, metadata, step, before, agn):
+        said = super().resume_line(metadata, step, before, agn)
+        if before is None or before == self.workers:
+            return said
+        return (
+            f"{said} `batch_size` is per process: the global batch is now "
+            f"{self.workers} x batch_size (it was {before} x batch_size)."
+        )

@@ -1,0 +1,344 @@
+"""`BackupAndRestore` across workers, on any backend: Keras's callback as
+each worker runs it, with what each worker holds of its own.
+
+Keras's backup (the model's weights and the optimizer's variables, and the
+epoch) is the chief's. Under an `AGNOptimizer` each worker also holds a
+state of its own (local weights, inner-optimizer slots, accumulators, its
+share of a commit in flight: `AGNOptimizer.worker_state`), which each
+worker saves beside the chief's files, on the backup directory all workers
+share, under `keras_clones_workers/`: one file per worker and optimizer
+step, stamped with the step and the number of workers. Every worker also
+writes its stamp under plain training, so that a resume knows on how many
+workers the backup was made.
+
+On restore each worker loads the chief's backup (Keras), then its own
+state from the files stamped with the restored step, if they agree and are
+complete; on another number of workers, as `keras_clones.agn.worker_state`
+defines. The chief prints one line saying what was restored.
+
+Across TensorFlow workers `multi_worker.backup.WorkerBackup` runs it, and
+across JAX processes `jax_processes.backup.ProcessBackup`.
+"""
+
+import io
+import json
+import os
+import re
+import warnings
+
+import keras
+import numpy as np
+
+from keras_clones import _keras_internals as internals
+from keras_clones import optimizer_capabilities
+from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones._tensorflow import tf
+from keras_clones.agn import AGNOptimizer
+
+STATE_DIRECTORY = "keras_clones_workers"
+# What the chief prints at its first step: after a resume, and otherwise
+# (the launcher reads them: `keras_clones.launch._TRAINING`).
+TRAINING = "keras_clones: training"
+TRAINING_AGAIN = f"{TRAINING} again"
+_NAME = re.compile(r"step_(\d+)\.worker_(\d+)_of_(\d+)\.npz$")
+
+
+def agn_optimizer(optimizer):
+    """The `AGNOptimizer` `optimizer` is or wraps (a `LossScaleOptimizer`),
+    or None."""
+    optimizer = optimizer_capabilities.unwrapped(optimizer)
+    return optimizer if isinstance(optimizer, AGNOptimizer) else None
+
+
+def check_plain(callback, who):
+    """Refuses a subclass of `BackupAndRestore`, whose overrides the
+    backup `who` runs itself would lose."""
+    if type(callback) is not keras.callbacks.BackupAndRestore:
+        raise TypeError(
+            f"{who} `keras.callbacks.BackupAndRestore` itself on every "
+            "worker, saving each worker's own state beside the chief's "
+            "backup, so a subclass's overrides would not run. Received: "
+            f"{type(callback).__name__}. Pass `keras.callbacks."
+            "BackupAndRestore(backup_dir, ...)`, and put what the subclass "
+            "adds in a callback of its own."
+        )
+
+
+class _LocalFiles:
+    """The file operations of a backup without TensorFlow."""
+
+    makedirs = staticmethod(lambda path: os.makedirs(path, exist_ok=True))
+    isdir = staticmethod(os.path.isdir)
+    listdir = staticmethod(os.listdir)
+    remove = staticmethod(os.remove)
+    File = staticmethod(open)
+    replace = staticmethod(os.replace)
+
+
+class _TensorFlowFiles:
+    """`tf.io.gfile`'s, which also reach remote file systems."""
+
+    makedirs = staticmethod(lambda path: tf.io.gfile.makedirs(path))
+    isdir = staticmethod(lambda path: tf.io.gfile.isdir(path))
+    listdir = staticmethod(lambda path: tf.io.gfile.listdir(path))
+    remove = staticmethod(lambda path: tf.io.gfile.remove(path))
+    File = staticmethod(lambda path, mode="r": tf.io.gfile.GFile(path, mode))
+    replace = staticmethod(
+        lambda src, dst: tf.io.gfile.rename(src, dst, overwrite=True)
+    )
+
+
+_files = _TensorFlowFiles() if ON_TENSORFLOW else _LocalFiles()
+
+
+class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
+    """`callback`, a `keras.callbacks.BackupAndRestore`, as worker `worker`
+    of `workers` runs it (see the module's docstring).
+
+    Args:
+        callback: The user's `BackupAndRestore`.
+        directory: Where Keras's files are read and written.
+        worker: This worker's index.
+        workers: The number of workers.
+        is_chief: Whether this worker is the chief.
+    """
+
+    # Whether this worker writes Keras's backup (to `directory`).
+    writes_keras_backup = True
+
+    def __init__(self, callback, directory, worker, workers, is_chief):
+        super().__init__(
+            directory,
+            save_freq=callback.save_freq,
+            double_checkpoint=callback.double_checkpoint,
+            delete_checkpoint=callback.delete_checkpoint,
+        )
+        self.shared_dir = os.fspath(callback.backup_dir)
+        self.state_dir = os.path.join(self.shared_dir, STATE_DIRECTORY)
+        self.worker = worker
+        self.workers = workers
+        self.is_chief = is_chief
+        self._epoch = 0
+        self._resumed = False
+        self._first_step = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        super().on_epoch_begin(epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._epoch = epoch + 1
+        super().on_epoch_end(epoch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._first_step and self.is_chief:
+            step = int(self.model.optimizer.iterations.numpy())
+            said = TRAINING_AGAIN if self._resumed else TRAINING
+            print(f"{said} at optimizer step {step}.", flush=True)
+        self._first_step = False
+        super().on_train_batch_end(batch, logs)
+
+    # Saving.
+
+    def _save_model(self):
+        # Before Keras's save: the chief's backup never runs ahead of a
+        # worker's (`after_own_state`).
+        step = int(self.model.optimizer.iterations.numpy())
+        self._write_own(step)
+        self.after_own_state()
+        if self.writes_keras_backup:
+            super()._save_model()
+        if self.is_chief:
+            self._keep_the_last_two_steps(step)
+
+    def after_own_state(self):
+        """Runs on every worker once it wrote its own state, before the
+        chief writes Keras's backup: where Keras's save does not wait for
+        every worker (across TensorFlow workers it does: it reads on-read
+        variables), waits until every worker wrote its own."""
+
+    def _write_own(self, step):
+        stamp = {"step": step, "epoch": self._epoch, "workers": self.workers}
+        arrays = {"stamp": np.array(json.dumps(stamp))}
+        agn = agn_optimizer(self.model.optimizer)
+        if agn is not None:
+            kinds, values = agn.worker_state()
+            arrays["kinds"] = np.array(kinds)
+            arrays.update({f"state_{i}": v for i, v in enumerate(values)})
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        _files.makedirs(self.state_dir)
+        path = os.path.join(
+            self.state_dir,
+            f"step_{step}.worker_{self.worker}_of_{self.workers}.npz",
+        )
+        with _files.File(f"{path}.tmp", "wb") as f:
+            f.write(buffer.getvalue())
+        _files.replace(f"{path}.tmp", path)
+
+    def _saved(self):
+        """`{step: {worker: (workers, path)}}` of the state files present:
+        each stamped, in its name, with the optimizer step, the worker and
+        the number of workers."""
+        saved = {}
+        if _files.isdir(self.state_dir):
+            for name in _files.listdir(self.state_dir):
+                match = _NAME.match(name)
+                if match:
+                    step, worker, workers = map(int, match.groups())
+                    path = os.path.join(self.state_dir, name)
+                    saved.setdefault(step, {})[worker] = (workers, path)
+        return saved
+
+    def _keep_the_last_two_steps(self, step):
+        """Removes the files of steps after `step` (left by a run this one
+        resumed from an earlier backup) and of all but the last two up to
+        it (Keras's `double_checkpoint` may fall back to the previous)."""
+        saved = self._saved()
+        earlier = sorted(s for s in saved if s <= step)
+        for old in earlier[:-2] + [s for s in saved if s > step]:
+            for _, path in saved[old].values():
+                _files.remove(path)
+
+    # Restoring.
+
+    def _load_model(self):
+        super()._load_model()
+        metadata = internals.backup_metadata(self)
+        if metadata is None:
+            return  # Nothing was backed up: training starts.
+        step = int(self.model.optimizer.iterations.numpy())
+        files = self._saved().get(step, {})
+        agn = agn_optimizer(self.model.optimizer)
+        before = self._check_complete(step, files, agn is not None)
+        if agn is not None and before is not None:
+            kinds = arrays = None
+            if self.worker < before:
+                kinds, arrays = self._read_own(files[self.worker][1], metadata)
+            agn.restore_worker_state(kinds, arrays, before)
+        self._resumed = True
+        if self.is_chief:
+            print(self.resume_line(metadata, step, before, agn), flush=True)
+        if self.save_freq != "epoch":
+            warnings.warn(
+                f"The backup in {self.shared_dir!r} was made after batch "
+                f"{metadata['batch'] + 1} of epoch {metadata['epoch'] + 1}, "
+                "and Keras resumes at an epoch's start: that epoch's first "
+                "batches are trained again, so the resumed run is not the "
+                "uninterrupted one. For an exact resume back up at epochs' "
+                "ends (`save_freq='epoch'`).",
+                stacklevel=2,
+            )
+
+    def _check_complete(self, step, files, every_worker):
+        """The number of workers the backup was made on, after checking
+        that every one's file is there and stamped alike; None for a backup
+        without stamps (made in one process, or by an older keras_clones).
+        """
+        if not files:
+            if step == 0 and self._saved():
+                raise ValueError(
+                    f"The backup in {self.shared_dir!r} was made later than "
+                    "optimizer step 0, but the optimizer's variables were "
+                    "not loaded from it (Keras warns when the saved "
+                    "optimizer has other variables): resume with the model "
+                    "and optimizer the backup was made with, or remove the "
+                    "directory to start training over."
+                )
+            if self._saved():
+                raise ValueError(self._incomplete(step, "no worker's file"))
+            return None
+        workers = {w for w, _ in files.values()}
+        if len(workers) > 1:
+            raise ValueError(
+                self._incomplete(
+                    step, f"files stamped with {sorted(workers)} workers"
+                )
+            )
+        before = workers.pop()
+        # Without AGN the files are stamps only, and a worker's may not be
+        # written yet when the chief's backup is (nothing waits for it).
+        needed = range(before) if every_worker else ()
+        missing = sorted(set(needed) - set(files))
+        if missing:
+            raise ValueError(
+                self._incomplete(
+                    step, f"no file of worker(s) {missing} of {before}"
+                )
+            )
+        return before
+
+    def _read_own(self, path, metadata):
+        """This worker's saved `(kinds, arrays)`, checked against the
+        position Keras restored."""
+        with _files.File(path, "rb") as f:
+            saved = dict(np.load(io.BytesIO(f.read())))
+        stamp = json.loads(str(saved["stamp"]))
+        if stamp["epoch"] != metadata["epoch"]:
+            raise ValueError(
+                self._incomplete(
+                    stamp["step"],
+                    f"worker {self.worker}'s file of epoch {stamp['epoch']}, "
+                    f"the weights' epoch being {metadata['epoch']}",
+                )
+            )
+        kinds = [str(k) for k in saved.get("kinds", ())]
+        return kinds, [saved[f"state_{i}"] for i in range(len(kinds))]
+
+    def _incomplete(self, step, found):
+        return (
+            f"The backup in {self.shared_dir!r} cannot be restored as one "
+            f"run: its weights are at optimizer step {step}, but "
+            f"{STATE_DIRECTORY}/ holds {found} at that step (steps there: "
+            f"{sorted(self._saved())}). Every worker writes its own state "
+            "there: the backup directory must be one every worker reads "
+            "and writes (a shared file system). Restore the directory as "
+            "it was saved, or remove it to start training over."
+        )
+
+    def resume_line(self, metadata, step, before, agn):
+        """What the chief prints after restoring the backup."""
+        where = (
+            f"keras_clones: resumed from the backup in {self.shared_dir!r} "
+            f"at epoch {metadata['epoch'] + 1} (optimizer step {step})"
+        )
+        if before is None:
+            return (
+                f"{where}, made without worker stamps; on {self.workers} "
+                "workers, each from the chief's state."
+            )
+        what = f"{where}, made on {before} workers, resumed on {self.workers}"
+        if agn is None:
+            return f"{what}."
+        kept = min(before, self.workers)
+        said = [
+            _workers(
+                0, kept, "{} keeps its own state", "{} keep their own state"
+            )
+        ]
+        if self.workers > before:
+            said.append(
+                _workers(
+                    before,
+                    self.workers,
+                    "{} starts its period from the centers",
+                    "{} start their period from the centers",
+                )
+            )
+        if self.workers < before:
+            said.append(
+                _workers(
+                    kept,
+                    before,
+                    "what {} did since its period began is not committed",
+                    "what {} did since their period began is not committed",
+                )
+            )
+        return f"{what}: {'; '.join(said)}."
+
+
+def _workers(first, end, one, several):
+    """`one` or `several`, said of workers `first` to `end - 1`."""
+    if end - first == 1:
+        return one.format(f"worker {first}")
+    return several.format(f"workers {first}-{end - 1}")

@@ -1,0 +1,326 @@
+"""AGN across JAX processes, launched as a user launches it
+(`python -m keras_clones.launch --workers 2` with KERAS_BACKEND=jax): each
+variant of tests_jax/workers/variants.py against AGN by hand
+(tests/reference), at `steps_per_execution` 1 and 3."""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from helpers import python_path_with_tests
+
+WORKERS = pathlib.Path(__file__).parent / "workers"
+sys.path.insert(0, str(WORKERS))
+
+import variants  # noqa: E402
+
+EXECUTIONS = (1, 3)
+
+
+def launch(*args, workers=2, timeout=240):
+    """The launcher on `args`, one CPU device per process (not the two
+    of tests_jax/conftest.py); its completed process."""
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(WORKERS), python_path_with_tests()]
+    )
+    command = [sys.executable, "-m", "keras_clones.launch"]
+    command += ["--workers", str(workers), *map(str, args)]
+    return subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def variants_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("variants")
+    executions = ",".join(map(str, EXECUTIONS))
+    script = WORKERS / "agn_variants.py"
+    result = launch(script, out, executions, *variants.VARIANTS)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
+    return out
+
+
+def results(out, name, steps_per_execution):
+    return [
+        np.load(out / f"{name}.{steps_per_execution}.{process}.npz")
+        for process in range(2)
+    ]
+
+
+@pytest.fixture(scope="module")
+def one_process_floor():
+    """A variant's float32 floor: how far from AGN by hand the same
+    recipe lands in one process, on process 0's rows (by variant)."""
+    floors = {}
+
+    def floor(name):
+        if name not in floors:
+            floors[name] = variants.one_process_error(name)
+        return floors[name]
+
+    return floor
+
+
+@pytest.mark.parametrize("steps_per_execution", EXECUTIONS)
+@pytest.mark.parametrize("name", sorted(variants.VARIANTS))
+def test_each_variant_across_two_processes_is_agn_by_hand(
+    variants_out, one_process_floor, name, steps_per_execution
+):
+    first, second = results(variants_out, name, steps_per_execution)
+    # The processes started from other weights; process 0's were taken.
+    assert not np.allclose(first["start"], second["start"])
+    by_hand = variants.by_hand(name, first["start"])
+    # As near as one process comes (its rounding grows through the outer
+    # steps alike: DiLoCo's 1.6e-5), twice that for other rows' rounding.
+    atol = max(2e-6, 2 * one_process_floor(name))
+    for process, got in enumerate((first, second)):
+        np.testing.assert_allclose(
+            got["local"], by_hand.local[process], rtol=0, atol=atol
+        )
+        np.testing.assert_allclose(
+            got["center"], by_hand.center, rtol=0, atol=atol
+        )
+        assert int(got["rounds"]) == by_hand.rounds
+        assert int(got["iterations"]) == variants.STEPS
+    np.testing.assert_array_equal(first["center"], second["center"])
+    np.testing.assert_array_equal(first["loss"], second["loss"])
+    np.testing.assert_array_equal(first["evaluated"], second["evaluated"])
+
+
+def test_the_logged_loss_is_the_mean_over_both_processes_batches(
+    variants_out,
+):
+    for steps_per_execution in EXECUTIONS:
+        first, _ = results(variants_out, "contrib", steps_per_execution)
+        by_hand = variants.by_hand("contrib", first["start"])
+        np.testing.assert_allclose(
+            first["loss"],
+            [variants.mean_loss(by_hand, first["start"])],
+            rtol=1e-5,
+        )
+
+
+def test_a_nan_on_one_process_is_skipped_there_and_counted_on_both(
+    variants_out,
+):
+    for steps_per_execution in EXECUTIONS:
+        results_of = results(variants_out, "contrib_nan", steps_per_execution)
+        assert [list(r["skipped"]) for r in results_of] == [[1.0], [1.0]]
+
+
+def collectives(text):
+    """The collectives of a compiled program's text, by computation:
+    `{computation's first line: [instruction lines]}`."""
+    found, computation = {}, None
+    for line in text.splitlines():
+        if line and not line.startswith((" ", "}")):
+            computation = line
+        elif re.search(r" (all-reduce|all-gather|all-to-all)(-start)?\(", line):
+            found.setdefault(computation, []).append(line)
+    return found
+
+
+@pytest.mark.parametrize(
+    "name, reductions, gathers",
+    [("contrib_fragments", 2, 0), ("contrib_nan", 1, 1)],
+    ids=["a flat all-reduce per fragment", "and a skip gather with a guard"],
+)
+def test_steps_communicate_only_inside_the_period_end_conditional(
+    variants_out, name, reductions, gathers
+):
+    found = collectives((variants_out / f"{name}.step.txt").read_text())
+    lines = [line for lines in found.values() for line in lines]
+    assert not [c for c in found if c.startswith("ENTRY")]
+    assert sum(" all-reduce(" in line for line in lines) == reductions
+    assert sum(" all-gather(" in line for line in lines) == gathers
+    # Each in a branch of a conditional (the period's end); each all-reduce
+    # one flat buffer, together the model's 34 weights.
+    for line in lines:
+        assert "/cond/branch_1_fun/" in line
+    sizes = [
+        int(re.search(r"= f32\[(\d+)\]", line).group(1))
+        for line in lines
+        if " all-reduce(" in line
+    ]
+    assert sum(sizes) == 34
+
+
+@pytest.fixture(scope="module")
+def launched_behaviours(tmp_path_factory):
+    out = tmp_path_factory.mktemp("behaviours")
+    result = launch(WORKERS / "fit_behaviours.py", out)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
+    found = [
+        json.loads((out / f"behaviours.{p}.json").read_text()) for p in (0, 1)
+    ]
+    return found, result.stdout
+
+
+def test_only_process_0_shows_the_progress_bar_under_verbose_auto(
+    launched_behaviours,
+):
+    _, output = launched_behaviours
+    bars = [line for line in output.splitlines() if "12/12" in line]
+    assert bars and all(line.startswith("[worker 0]") for line in bars)
+
+
+def test_a_stop_on_one_process_stops_every_process_at_that_step(
+    launched_behaviours,
+):
+    found, _ = launched_behaviours
+    assert [f["iterations_after_a_stop"] for f in found] == [3, 3]
+
+
+def test_evaluate_gives_the_result_over_every_process_rows(
+    launched_behaviours,
+):
+    found, _ = launched_behaviours
+    assert found[0]["evaluated"] == found[1]["evaluated"]
+    own = [f["own_loss"] for f in found]
+    np.testing.assert_allclose(found[0]["evaluated"], np.mean(own), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "case, error, message",
+    [
+        ("steps_differ", "ValueError", "would run [11, 12] (by process)"),
+        ("length_unknown", "ValueError", "Pass `steps_per_epoch`"),
+        ("no_agn", "ValueError", "neither an `AGNOptimizer` nor a"),
+        ("train_on_batch", "NotImplementedError", "Use `fit`"),
+        ("run_eagerly", "ValueError", "`run_eagerly=False`"),
+        ("distribution", "ValueError", "cannot also run under a"),
+    ],
+)
+def test_what_cannot_run_across_processes_is_refused_alike_on_each(
+    launched_behaviours, case, error, message
+):
+    found, _ = launched_behaviours
+    for refused in (f[case] for f in found):
+        assert refused is not None and refused[0] == error
+        assert message in refused[1]
+
+
+def test_a_process_started_as_one_of_two_that_runs_alone_is_refused():
+    # The script forgot `keras.distribution.initialize()`.
+    code = (
+        "import keras, numpy as np, keras_clones\n"
+        "model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])\n"
+        "model.compile(keras.optimizers.SGD(), 'mse')\n"
+        "model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0)\n"
+    )
+    env = dict(os.environ, KERAS_DISTRIBUTION_NUM_PROCESSES="2")
+    env.pop("XLA_FLAGS", None)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "RuntimeError: This process was started as one of 2 "
+        "(KERAS_DISTRIBUTION_NUM_PROCESSES=2), but JAX runs in this process "
+        "alone"
+    )
+    assert "keras.distribution.initialize()" in last
+
+
+def test_the_launcher_picks_the_backend_as_keras_does(tmp_path, monkeypatch):
+    from keras_clones import launch
+
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    assert launch.keras_backend() == "tensorflow"  # Keras's default.
+    (tmp_path / "keras.json").write_text('{"backend": "jax"}')
+    assert launch.keras_backend() == "jax"
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    assert launch.keras_backend() == "torch"
+
+
+def test_parameter_servers_on_jax_are_refused_by_the_launcher(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    result = launch("--ps", 1, script)
+    assert result.returncode == 2
+    assert "--ps needs Keras's TensorFlow backend" in result.stderr
+
+
+def resumed(out, processes):
+    return [np.load(out / f"resumed.{p}.npz") for p in range(processes)]
+
+
+@pytest.fixture(scope="module")
+def interrupted_backup(tmp_path_factory):
+    """The backup of a DiLoCo run on 2 processes interrupted after its
+    first epoch (6 steps: mid-period)."""
+    root = tmp_path_factory.mktemp("interrupted")
+    result = launch(WORKERS / "resume.py", root, root / "backup", "interrupted")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
+    return root / "backup"
+
+
+@pytest.mark.parametrize("processes", [1, 3])
+def test_a_backup_made_on_two_processes_resumes_on_another_number(
+    interrupted_backup, tmp_path, processes
+):
+    backup = tmp_path / "backup"
+    shutil.copytree(interrupted_backup, backup)
+    result = launch(
+        WORKERS / "resume.py", tmp_path, backup, "resumed", workers=processes
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
+    assert f"made on 2 workers, resumed on {processes}: " in result.stdout
+    assert (
+        f"the global batch is now {processes} x batch_size (it was 2 x "
+        "batch_size)." in result.stdout
+    )
+    # By hand: the first workers keep their state, a new one starts from
+    # the centers, what a worker that left did since its commit is lost.
+    start = variants.flat(variants.mlp(seed=0).get_weights())
+    by_hand = variants.by_hand("diloco", start, resize=(6, processes))
+    atol = 2 * variants.one_process_error("diloco")
+    for process, got in enumerate(resumed(tmp_path, processes)):
+        np.testing.assert_allclose(
+            got["local"], by_hand.local[process], rtol=0, atol=atol
+        )
+        np.testing.assert_allclose(
+            got["center"], by_hand.center, rtol=0, atol=atol
+        )
+        assert int(got["iterations"]) == 12
+
+
+def test_a_killed_process_is_restarted_and_the_run_ends_as_uninterrupted(
+    tmp_path,
+):
+    killed, uninterrupted = tmp_path / "killed", tmp_path / "uninterrupted"
+    killed.mkdir(), uninterrupted.mkdir()
+    result = launch(
+        "--max-restarts",
+        1,
+        WORKERS / "resume.py",
+        killed,
+        killed / "b",
+        "killed",
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
+    said = re.search(
+        r"summary: restart 1 of 1: worker 1 was killed by SIGKILL; training "
+        r"again ([\d.]+) s after its death",
+        result.stderr,
+    )
+    assert said and float(said.group(1)) < 60, result.stderr
+    assert "resumed from the backup" in result.stdout
+    result = launch(
+        WORKERS / "resume.py", uninterrupted, uninterrupted / "b", "resumed"
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
+    for got, want in zip(resumed(killed, 2), resumed(uninterrupted, 2)):
+        np.testing.assert_array_equal(got["local"], want["local"])
+        np.testing.assert_array_equal(got["center"], want["center"])
+    # The backup is removed at the end, by process 0.
+    assert not (killed / "b").exists()

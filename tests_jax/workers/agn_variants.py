@@ -1,0 +1,97 @@
+"""AGN variants trained across JAX processes, as a user's script trains:
+`keras.distribution.initialize()`, a plain `keras.Model`, each process
+fitting its own rows. tests_jax/test_agn_across_processes.py launches it
+on 2 processes and checks each against AGN by hand (tests/reference).
+
+`agn_variants.py OUT K,... NAME...`: each variant NAME of
+`variants.VARIANTS` at each `steps_per_execution` K in turn; each process
+writes `OUT/NAME.K.PROCESS.npz`.
+"""
+
+import sys
+
+import keras
+
+keras.distribution.initialize()  # Before any other Keras object.
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import variants  # noqa: E402
+
+from keras_clones.callbacks import InfNanCheck  # noqa: E402
+
+
+class WeightsAtStart(keras.callbacks.Callback):
+    """The weights at the start, and the train function `fit` ran (which
+    `InfNanCheck` replaces when it leaves)."""
+
+    def on_train_begin(self, logs=None):
+        self.weights = self.model.get_weights()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.train_function = self.model.train_function
+
+
+def main():
+    out, executions, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+    for steps_per_execution in map(int, executions.split(",")):
+        for name in names:
+            run(out, name, steps_per_execution)
+
+
+def run(out, name, steps_per_execution):
+    process = jax.process_index()
+    options, inner, _, outer, _ = variants.VARIANTS[name]
+    x, y = variants.data(process, nan="nan" in name)
+    model = variants.mlp(seed=process)  # Different on each process.
+    model.compile(
+        keras_clones_agn(inner, outer, options),
+        "mse",
+        steps_per_execution=steps_per_execution,
+    )
+    start = WeightsAtStart()
+    callbacks = [start] + ([InfNanCheck("skip")] if "nan" in name else [])
+    history = model.fit(
+        x,
+        y,
+        batch_size=variants.BATCH,
+        epochs=variants.EPOCHS,
+        shuffle=False,
+        callbacks=callbacks,
+        verbose=0,
+    )
+    optimizer = model.optimizer
+    centers = [
+        optimizer.global_center_variable(v) for v in model.trainable_variables
+    ]
+    np.savez(
+        f"{out}/{name}.{steps_per_execution}.{process}.npz",
+        start=variants.flat(start.weights),
+        local=variants.flat(model.get_weights()),
+        center=variants.flat([np.asarray(c) for c in centers]),
+        loss=history.history["loss"],
+        skipped=history.history.get("skipped_steps", []),
+        rounds=int(optimizer.communication_rounds.numpy()),
+        iterations=int(optimizer.iterations.numpy()),
+        evaluated=model.evaluate(x, y, verbose=0),
+    )
+    if process == 0 and steps_per_execution == 1:
+        (text,) = start.train_function.step_program.compiled_texts()
+        with open(f"{out}/{name}.step.txt", "w") as f:
+            f.write(text)
+    print(f"variant {name} at {steps_per_execution} done", flush=True)
+
+
+def keras_clones_agn(inner, outer, options):
+    from keras_clones import AGNOptimizer
+
+    return AGNOptimizer(
+        inner(),
+        variants.PERIOD,
+        outer_optimizer=outer and outer(),
+        **options,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""What `fit` does across JAX processes besides AGN's math, as a user's
+script meets it: the progress bar, agreed stops and steps, global
+evaluation, and what is refused. tests_jax/test_agn_across_processes.py
+launches it on 2 processes; each writes `OUT/behaviours.PROCESS.json`.
+"""
+
+import json
+import sys
+
+import keras
+
+keras.distribution.initialize()  # Before any other Keras object.
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import variants  # noqa: E402
+
+from keras_clones import AGNOptimizer  # noqa: E402
+
+PROCESS = jax.process_index()
+
+
+def compiled(optimizer=None, **options):
+    model = variants.mlp(seed=PROCESS)
+    optimizer = optimizer or AGNOptimizer(keras.optimizers.Adam(0.01), 4)
+    model.compile(optimizer, "mse", **options)
+    return model
+
+
+class StopOnOneProcess(keras.callbacks.Callback):
+    """Stops training on process 1 alone, after its batch 2."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if PROCESS == 1 and batch == 2:
+            self.model.stop_training = True
+
+
+def error_of(call):
+    try:
+        call()
+    except Exception as error:  # The refusals, by type and message.
+        return [type(error).__name__, str(error)]
+    return None
+
+
+def main():
+    out = sys.argv[1]
+    x, y = variants.data(PROCESS)
+    fit = dict(batch_size=variants.BATCH, shuffle=False)
+    found = {}
+
+    print("verbose auto:", flush=True)
+    compiled().fit(x, y, epochs=1, verbose="auto", **fit)
+
+    model = compiled()
+    model.fit(x, y, epochs=2, callbacks=[StopOnOneProcess()], verbose=0, **fit)
+    found["iterations_after_a_stop"] = int(model.optimizer.iterations)
+
+    # At a period's end (12 steps of 4) both hold the centers.
+    model = compiled()
+    model.fit(x, y, epochs=1, verbose=0, **fit)
+    found["evaluated"] = model.evaluate(x, y, verbose=0)
+    found["own_loss"] = float(np.mean((model.predict(x, verbose=0) - y) ** 2))
+
+    rows = len(x) - 8 * (1 - PROCESS)  # Process 0: one batch fewer.
+    found["steps_differ"] = error_of(
+        lambda: compiled().fit(x[:rows], y[:rows], verbose=0, **fit)
+    )
+    batches = ((x[i : i + 8], y[i : i + 8]) for i in range(0, len(x), 8))
+    found["length_unknown"] = error_of(
+        lambda: compiled().fit(batches, verbose=0)
+    )
+    found["no_agn"] = error_of(
+        lambda: compiled(keras.optimizers.Adam()).fit(x, y, verbose=0)
+    )
+    found["train_on_batch"] = error_of(
+        lambda: compiled().train_on_batch(x[:8], y[:8])
+    )
+    found["run_eagerly"] = error_of(
+        lambda: compiled(run_eagerly=True).fit(x, y, verbose=0)
+    )
+    model = compiled()
+    keras.distribution.set_distribution(keras.distribution.DataParallel())
+    found["distribution"] = error_of(lambda: model.fit(x, y, verbose=0))
+    keras.distribution.set_distribution(None)
+    with open(f"{out}/behaviours.{PROCESS}.json", "w") as f:
+        json.dump(found, f)
+
+
+if __name__ == "__main__":
+    main()

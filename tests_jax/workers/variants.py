@@ -1,0 +1,145 @@
+"""The AGN variants trained across JAX processes (agn_variants.py), their
+data and model, shared with the test that checks them by hand."""
+
+import keras
+import numpy as np
+from helpers import RULES
+from reference import agn
+from reference import models
+
+BATCH, BATCHES, EPOCHS, PERIOD = 8, 12, 1, 4
+STEPS = BATCHES * EPOCHS
+NAN_BATCH = 1  # Process 1's batch that is a nan, in the "nan" variant.
+
+flat = agn.flat
+
+# name: (AGNOptimizer's options, inner optimizer and by hand, outer
+# optimizer (None: the inner one's copy) and by hand).
+VARIANTS = {
+    name: (options, inner, hand_inner, outer, hand_outer)
+    for name, (options, inner, hand_inner, outer, hand_outer) in RULES.items()
+}
+_DILOCO = RULES["diloco"]
+VARIANTS["diloco_bfloat16"] = (
+    dict(_DILOCO[0], communication_dtype="bfloat16"),
+    *_DILOCO[1:],
+)
+VARIANTS["diloco_fragments_overlap"] = (
+    dict(_DILOCO[0], fragments=2, overlap=True),
+    *_DILOCO[1:],
+)
+VARIANTS["contrib_fragments"] = (
+    dict(RULES["contrib"][0], fragments=2),
+    *RULES["contrib"][1:],
+)
+VARIANTS["contrib_nan"] = RULES["contrib"]
+
+
+def data(process, nan=False):
+    """Process `process`'s own rows; with `nan`, process 1's batch
+    `NAN_BATCH` a nan."""
+    rng = np.random.default_rng(10 + process)
+    x = rng.normal(size=(BATCH * BATCHES, 5)).astype("float32")
+    y = np.tanh(x @ np.linspace(-1, 1, 10).reshape(5, 2)).astype("float32")
+    if nan and process == 1:
+        y[NAN_BATCH * BATCH : (NAN_BATCH + 1) * BATCH] = np.nan
+    return x, y
+
+
+RESUME_BATCHES = 6  # An epoch of 6 steps: the second ends mid-period.
+
+
+def resume_data(process):
+    """Process `process`'s rows of the resumed runs (resume.py)."""
+    x, y = data(process)
+    rows = RESUME_BATCHES * BATCH
+    return x[:rows], y[:rows]
+
+
+def mlp(seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(4, activation="tanh"),
+            keras.layers.Dense(2),
+        ]
+    )
+
+
+def _like():
+    return [np.zeros(w.shape) for w in mlp(0).get_weights()]
+
+
+def by_hand(name, start, workers=2, resize=None):
+    """Variant `name` by hand on `workers` processes' rows, from the flat
+    weights `start` (a `Trajectory`); with `resize` (step, workers), as
+    resume.py resumes on other workers, on its rows."""
+    options, _, hand_inner, _, hand_outer = VARIANTS[name]
+    like = _like()
+    rows = [data(w, nan="nan" in name) for w in range(3)]
+    batches, steps = BATCHES, STEPS
+    if resize is not None:
+        rows = [resume_data(w) for w in range(3)]
+        batches, steps = RESUME_BATCHES, 2 * RESUME_BATCHES
+
+    def gradient(worker, step, weights):
+        x, y = rows[worker]
+        batch = slice(step % batches * BATCH, (step % batches + 1) * BATCH)
+        weights = agn.unflat(weights, like)
+        return flat(models.mlp_mse_gradient(weights, x[batch], y[batch]))
+
+    skipped = set()
+    if "nan" in name:
+        skipped = {(1, e * BATCHES + NAN_BATCH) for e in range(EPOCHS)}
+    return agn.agn(
+        start,
+        gradient,
+        steps,
+        PERIOD,
+        hand_inner,
+        hand_outer,
+        workers=workers,
+        skipped=skipped,
+        resize=resize,
+        **options,
+    )
+
+
+def mean_loss(trajectory, start, workers=2):
+    """The mean squared error of every worker's batches, each at the
+    weights it took its step from (`trajectory`'s, from the flat weights
+    `start`): what `fit` logs as the epoch's loss."""
+    like = _like()
+    rows = [data(w) for w in range(workers)]
+    losses = []
+    for step in range(STEPS):
+        for worker in range(workers):
+            weights = start
+            if step:
+                weights = trajectory.history[step - 1][0][worker]
+            k1, b1, k2, b2 = agn.unflat(weights, like)
+            x, y = rows[worker]
+            batch = slice(step % BATCHES * BATCH, (step % BATCHES + 1) * BATCH)
+            out = np.tanh(x[batch] @ k1 + b1) @ k2 + b2
+            losses.append(np.mean((out - y[batch]) ** 2))
+    return np.mean(losses)
+
+
+def one_process_error(name):
+    """How far the variant's recipe lands from AGN by hand in one process
+    (here), on process 0's rows: the float32 floor."""
+    from keras_clones import AGNOptimizer
+
+    options, inner, _, outer, _ = VARIANTS[name]
+    x, y = data(0)
+    model = mlp(0)
+    start = flat(model.get_weights())
+    optimizer = AGNOptimizer(
+        inner(), PERIOD, outer_optimizer=outer and outer(), **options
+    )
+    model.compile(optimizer, "mse")
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    optimizer.apply_in_flight_commit()
+    local = by_hand(name.replace("_nan", ""), start, workers=1).local[0]
+    return np.abs(flat(model.get_weights()) - local).max()
