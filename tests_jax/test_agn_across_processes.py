@@ -161,13 +161,13 @@ def launched_behaviours(tmp_path_factory):
     found = [
         json.loads((out / f"behaviours.{p}.json").read_text()) for p in (0, 1)
     ]
-    return found, result.stdout
+    return found, result.stdout, out
 
 
 def test_only_process_0_shows_the_progress_bar_under_verbose_auto(
     launched_behaviours,
 ):
-    _, output = launched_behaviours
+    _, output, _ = launched_behaviours
     bars = [line for line in output.splitlines() if "12/12" in line]
     assert bars and all(line.startswith("[worker 0]") for line in bars)
 
@@ -175,14 +175,14 @@ def test_only_process_0_shows_the_progress_bar_under_verbose_auto(
 def test_a_stop_on_one_process_stops_every_process_at_that_step(
     launched_behaviours,
 ):
-    found, _ = launched_behaviours
+    found, _, _ = launched_behaviours
     assert [f["iterations_after_a_stop"] for f in found] == [3, 3]
 
 
 def test_evaluate_gives_the_result_over_every_process_rows(
     launched_behaviours,
 ):
-    found, _ = launched_behaviours
+    found, _, _ = launched_behaviours
     assert found[0]["evaluated"] == found[1]["evaluated"]
     own = [f["own_loss"] for f in found]
     np.testing.assert_allclose(found[0]["evaluated"], np.mean(own), rtol=1e-5)
@@ -202,10 +202,26 @@ def test_evaluate_gives_the_result_over_every_process_rows(
 def test_what_cannot_run_across_processes_is_refused_alike_on_each(
     launched_behaviours, case, error, message
 ):
-    found, _ = launched_behaviours
+    found, _, _ = launched_behaviours
     for refused in (f[case] for f in found):
         assert refused is not None and refused[0] == error
         assert message in refused[1]
+
+
+def test_files_are_written_once_by_process_0(launched_behaviours):
+    _, _, out = launched_behaviours
+    assert sorted(p.name for p in out.glob("model.*")) == [
+        "model.0.keras",
+        "model.0.weights.h5",
+    ]
+    assert len((out / "log.csv").read_text().splitlines()) == 3  # 2 epochs.
+    assert [p.name for p in out.glob("tensorboard.*")] == ["tensorboard.0"]
+    import keras
+
+    import keras_clones  # noqa: F401  (Registers AGNOptimizer.)
+
+    loaded = keras.saving.load_model(out / "checkpoint.keras")
+    assert int(loaded.optimizer.iterations.numpy()) == 2 * variants.BATCHES
 
 
 def test_a_process_started_as_one_of_two_that_runs_alone_is_refused():

@@ -35,6 +35,23 @@ class StopOnOneProcess(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+class MarkedTensorBoard(keras.callbacks.TensorBoard):
+    """A `TensorBoard` that marks which process ran it, and writes no
+    events (this venv has no TensorFlow)."""
+
+    def on_train_begin(self, logs=None):
+        open(f"{self.log_dir}.{PROCESS}", "w").close()
+
+
+# TensorBoard's other hooks write events: a plain callback's instead.
+for hook in vars(keras.callbacks.Callback):
+    if hook.startswith("on_") and hook != "on_train_begin":
+        setattr(
+            MarkedTensorBoard, hook, getattr(keras.callbacks.Callback, hook)
+        )
+MarkedTensorBoard.set_model = keras.callbacks.Callback.set_model
+
+
 def error_of(call):
     try:
         call()
@@ -61,6 +78,17 @@ def main():
     model.fit(x, y, epochs=1, verbose=0, **fit)
     found["evaluated"] = model.evaluate(x, y, verbose=0)
     found["own_loss"] = float(np.mean((model.predict(x, verbose=0) - y) ** 2))
+
+    # Files: each process asks for its own path; process 0 alone writes.
+    model = compiled()
+    logs = [
+        keras.callbacks.CSVLogger(f"{out}/log.csv"),
+        MarkedTensorBoard(f"{out}/tensorboard"),
+        keras.callbacks.ModelCheckpoint(f"{out}/checkpoint.keras"),
+    ]
+    model.fit(x, y, epochs=2, callbacks=logs, verbose=0, **fit)
+    model.save(f"{out}/model.{PROCESS}.keras")
+    model.save_weights(f"{out}/model.{PROCESS}.weights.h5")
 
     rows = len(x) - 8 * (1 - PROCESS)  # Process 0: one batch fewer.
     found["steps_differ"] = error_of(
