@@ -340,3 +340,17 @@ def test_a_killed_process_is_restarted_and_the_run_ends_as_uninterrupted(
         np.testing.assert_array_equal(got["center"], want["center"])
     # The backup is removed at the end, by process 0.
     assert not (killed / "b").exists()
+
+
+def test_the_example_trains_across_two_processes(tmp_path):
+    example = (
+        pathlib.Path(__file__).parents[1] / "examples" / "jax_processes.py"
+    )
+    result = launch(example, "--epochs", 1, "--backup", tmp_path / "backup")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
+    said = re.search(
+        r"\[worker 0\] held-out accuracy of the centers: ([\d.]+)",
+        result.stdout,
+    )
+    assert said and float(said.group(1)) > 0.5  # Ten classes: 0.1 by chance.
+    assert "[worker 1] held-out" not in result.stdout

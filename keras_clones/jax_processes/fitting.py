@@ -43,7 +43,8 @@ from keras_clones.jax_processes.workers import Workers
 
 NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
 _WORKERS = []  # This run's `Workers`, made once.
-# A model's program of `metrics_result_or_logs`.
+# A model's program of `metrics_result_or_logs`, with the metrics' variables
+# it was made for.
 _evaluation_logs = weakref.WeakKeyDictionary()
 
 
@@ -225,7 +226,6 @@ def fit(keras_fit, model, *args, **kwargs):
         if own_writer(callback, own)
     ]
     options["callbacks"] = [*callbacks, ProcessAgreement(own)]
-    model.train_function = None  # Made across the processes.
     return keras_fit(*arguments.args, **arguments.kwargs)
 
 
@@ -246,10 +246,13 @@ def metrics_result_or_logs(keras_result, model, logs):
     if model.optimizer is None or not across_processes(model):
         return keras_result(model, logs)
     own = workers()
-    program = _evaluation_logs.get(model)
-    if program is None:
-        program = train_function.global_logs_program(model, own)
-        _evaluation_logs[model] = program
+    # Made again for other metrics (a `compile` since).
+    metrics = tuple(map(id, model.metrics_variables))
+    made = _evaluation_logs.get(model)
+    if made is None or made[0] != metrics:
+        made = metrics, train_function.global_logs_program(model, own)
+        _evaluation_logs[model] = made
+    program = made[1]
     values = [v.value for v in model.metrics_variables]
     results = own.run(program, (values, model.get_metrics_result()))
     if sorted(results) != sorted(logs or {}):
