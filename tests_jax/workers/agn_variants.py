@@ -73,7 +73,6 @@ def run(out, name, steps_per_execution):
         skipped=history.history.get("skipped_steps", []),
         rounds=int(optimizer.communication_rounds.numpy()),
         iterations=int(optimizer.iterations.numpy()),
-        evaluated=model.evaluate(x, y, verbose=0),
     )
     if process == 0 and steps_per_execution == 1:
         (text,) = start.train_function.step_program.compiled_texts()
