@@ -53,6 +53,8 @@ __all__ = [
     "loss_tracker",
     "no_automatic_dependency_tracking",
     "initial_epoch",
+    "jax_state",
+    "set_jax_state",
     "install_jax_trainer_overrides",
     "JAX_MODEL_OVERRIDES",
     "JAX_TRAINER_OVERRIDES",
@@ -94,6 +96,7 @@ JAX_TRAINER_OVERRIDES = (
     "make_train_function",
     "_get_metrics_result_or_logs",
     "train_on_batch",
+    "jax_state_sync",
 )
 JAX_MODEL_OVERRIDES = ("save", "save_weights")
 
@@ -330,6 +333,17 @@ def keep_unlowered(op):
     """Keeps `op`, a functional `If` of `tf.cond`, from being lowered to
     Switch and Merge (TensorFlow's private attribute, as XLA keeps it)."""
     op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+
+
+def jax_state(model):
+    """The state a JAX `fit` carries between its steps, as it last handed
+    it to the callbacks (a dict of lists of arrays), or None."""
+    return getattr(model, "_jax_state", None)
+
+
+def set_jax_state(model, state):
+    """Replaces what `jax_state(model)` returns."""
+    model._jax_state = state
 
 
 def sync_training_state(model):

@@ -188,11 +188,19 @@ def test_only_process_0_shows_the_progress_bar_under_verbose_auto(
     assert bars and all(line.startswith("[worker 0]") for line in bars)
 
 
-def test_a_stop_on_one_process_stops_every_process_at_that_step(
+def test_a_stop_on_one_process_stops_every_process_at_that_epoch_end(
     launched_behaviours,
 ):
     found, _, _ = launched_behaviours
-    assert [f["iterations_after_a_stop"] for f in found] == [3, 3]
+    assert [f["iterations_after_a_stop"] for f in found] == [12, 12]
+
+
+def test_a_stop_from_the_logs_stops_every_process_at_the_same_step(
+    launched_behaviours,
+):
+    found, _, _ = launched_behaviours
+    stopped = [f["iterations_after_a_stop_from_the_logs"] for f in found]
+    assert stopped[0] == stopped[1] < 36  # Of 3 epochs of 12.
 
 
 def test_evaluate_gives_the_result_over_every_process_rows(

@@ -5,6 +5,7 @@ on TensorFlow)."""
 import inspect
 
 import keras
+import numpy as np
 from keras.src.backend.jax.trainer import JAXTrainer
 
 import keras_clones  # noqa: F401  (Installs the overrides.)
@@ -28,3 +29,23 @@ def test_install_jax_trainer_overrides_replaces_keras_methods_it_calls_once():
     # Keras's `fit` and `evaluate` reach the private ones through `self`.
     for name in ("make_train_function", "_get_metrics_result_or_logs"):
         assert f"self.{name}(" in source
+
+
+def test_jax_state_is_what_fit_carries_between_steps_and_can_be_replaced():
+    class Seen(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            # Through the attribute: `self.model` would sync it first.
+            self.state = internals.jax_state(self._model)
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    seen = Seen()
+    model.fit(np.ones((4, 2)), np.ones((4, 1)), callbacks=[seen], verbose=0)
+    assert sorted(seen.state) == [
+        "metrics_variables",
+        "non_trainable_variables",
+        "optimizer_variables",
+        "trainable_variables",
+    ]
+    internals.set_jax_state(model, {"trainable_variables": [np.zeros((2, 1))]})
+    assert internals.jax_state(model)["trainable_variables"][0].shape == (2, 1)

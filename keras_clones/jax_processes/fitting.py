@@ -15,8 +15,10 @@ is (or wraps) an `AGNOptimizer`, `fit`:
 - agrees, through `ProcessAgreement` (a callback it adds last): at the
   start, on the steps of an epoch (refused where they differ) and, in a
   run that has taken no step, on process 0's weights and optimizer state;
-  after every execution and every epoch, on `stop_training` (a stop on any
-  process stops every process);
+  after every epoch, on `stop_training` (a stop on any process stops
+  every process). Within an epoch the logs agree, so a callback that stops
+  from them (`TerminateOnNaN`, `InfNanCheck`) stops every process at the
+  same step;
 - logs, as `evaluate` returns, every metric's result from its state
   summed over the processes;
 - writes files once: `model.save` and `save_weights` (and so
@@ -36,6 +38,7 @@ import weakref
 import jax
 import keras
 
+from keras_clones import _keras_internals as internals
 from keras_clones import optimizer_capabilities
 from keras_clones.jax_processes import backup
 from keras_clones.jax_processes import train_function
@@ -139,12 +142,15 @@ def _check_one_device():
 
 
 class ProcessAgreement(keras.callbacks.Callback):
-    """What the processes agree on during `fit` (see the module's
-    docstring); `fit` adds it last."""
+    """What the processes agree on during `fit` of `model` (see the
+    module's docstring); `fit` adds it last. It holds the model itself:
+    on JAX, a callback's `self.model` writes the step's state back into the
+    variables, which its batch hooks need not."""
 
-    def __init__(self, workers):
+    def __init__(self, workers, model):
         super().__init__()
         self._workers = workers
+        self._trained = model
 
     def on_train_begin(self, logs=None):
         steps = self.params.get("steps")
@@ -181,14 +187,11 @@ class ProcessAgreement(keras.callbacks.Callback):
         for variable, value in zip(variables, values):
             variable.assign(value)
 
-    def on_train_batch_end(self, batch, logs=None):
-        self._agree_on_stop()
-
     def on_epoch_end(self, epoch, logs=None):
-        self._agree_on_stop()
-
-    def _agree_on_stop(self):
-        self.model.stop_training = self._workers.any(self.model.stop_training)
+        # Once an epoch: an agreement after every execution costs a
+        # collective (2.5 ms a step at `steps_per_execution=1`).
+        model = self._trained
+        model.stop_training = self._workers.any(model.stop_training)
 
 
 def _indices(mask):
@@ -225,8 +228,23 @@ def fit(keras_fit, model, *args, **kwargs):
         for callback in callbacks or []
         if own_writer(callback, own)
     ]
-    options["callbacks"] = [*callbacks, ProcessAgreement(own)]
+    options["callbacks"] = [*callbacks, ProcessAgreement(own, model)]
     return keras_fit(*arguments.args, **arguments.kwargs)
+
+
+def jax_state_sync(keras_sync, model):
+    """Keras's `jax_state_sync`, the state of the last execution first
+    unwrapped where it is global (across processes)."""
+    state = internals.jax_state(model)
+    if state:
+        own = workers() if _WORKERS else None
+        if own is not None:
+            internals.set_jax_state(
+                model,
+                # Lists of arrays (Keras tracks them: no pytrees).
+                {k: [own.unwrap(a) for a in v] for k, v in state.items()},
+            )
+    return keras_sync(model)
 
 
 def make_train_function(keras_make, model, force=False):
@@ -300,6 +318,7 @@ STAND_INS = {
     "make_train_function": make_train_function,
     "_get_metrics_result_or_logs": metrics_result_or_logs,
     "train_on_batch": train_on_batch,
+    "jax_state_sync": jax_state_sync,
     "save": save,
     "save_weights": save,
 }

@@ -3,10 +3,13 @@ Keras's own `train_step`, traced once inside `jax.shard_map` over the
 workers' mesh, and the program that makes each execution's logs global.
 
 Each execution wraps the state Keras hands it as this process's part of
-global arrays, runs `steps_per_execution` steps on them (each on this
-process's own batch), makes the logs global, and unwraps the state: the
-variables, callbacks, `evaluate` and `save` stay this process's own. The
-step program holds no collective outside the AGN period end's
+global arrays (unless it is the last execution's, still wrapped), runs
+`steps_per_execution` steps on them (each on this process's own batch),
+and makes the logs global. Keras keeps the wrapped state between
+executions; where it writes the state back into the variables
+(`jax_state_sync`, at an epoch's end or for a callback), it is unwrapped:
+the variables, callbacks, `evaluate` and `save` stay this process's own.
+The step program holds no collective outside the AGN period end's
 conditional: steps that end no period communicate nothing.
 """
 
@@ -30,7 +33,7 @@ def make(model, workers):
 
     def train_function(state, iterator):
         data = next(iterator)  # Ends the epoch, as in Keras, if none.
-        state = jax.tree.map(workers.wrap, state)
+        state = jax.tree.map(workers.wrapped, state)
         logs = None
         for index in range(model.steps_per_execution):
             if index:
@@ -40,7 +43,7 @@ def make(model, workers):
                     break
             logs, state = step(state, workers.wrap_data(data))
         logs = jax.tree.map(workers.unwrap, logs_program(state[3], logs))
-        return logs, jax.tree.map(workers.unwrap, state)
+        return logs, state  # Global: `fitting.jax_state_sync` unwraps it.
 
     train_function.step_program = step  # Its compiled steps, to read.
     return train_function

@@ -60,6 +60,13 @@ class Workers:
             shape, sharding, [value]
         )
 
+    def wrapped(self, value):
+        """`value` as a global array: wrapped (`wrap`), unless it is one
+        already."""
+        if _spans_processes(value):
+            return value
+        return self.wrap(value)
+
     def wrap_data(self, batch):
         """This process's rows of a batch (a structure of arrays) as its
         block of the global batch."""
@@ -72,7 +79,10 @@ class Workers:
         )
 
     def unwrap(self, value):
-        """This process's own array of a global array `value`."""
+        """This process's own array of a global array `value` (else
+        `value`, with one process the same)."""
+        if not _spans_processes(value):
+            return value  # One process's (with one, as global).
         return value.addressable_data(0)
 
     def program(self, fn, out_specs, donate=()):
@@ -169,6 +179,10 @@ def _from_chief(values):
         s.astype(jnp.bool_) if v.dtype == jnp.bool_ else s
         for s, v in zip(summed, values)
     ]
+
+
+def _spans_processes(value):
+    return isinstance(value, jax.Array) and not value.is_fully_addressable
 
 
 def _abstract(value):

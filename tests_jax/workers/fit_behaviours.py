@@ -28,10 +28,22 @@ def compiled(optimizer=None, **options):
 
 
 class StopOnOneProcess(keras.callbacks.Callback):
-    """Stops training on process 1 alone, after its batch 2."""
+    """Stops training on process 1 alone, after its first epoch."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if PROCESS == 1:
+            self.model.stop_training = True
+
+
+class StopFromTheLogs(keras.callbacks.Callback):
+    """Stops training where the loss falls below `loss` (the logs agree)."""
+
+    def __init__(self, loss):
+        super().__init__()
+        self.loss = loss
 
     def on_train_batch_end(self, batch, logs=None):
-        if PROCESS == 1 and batch == 2:
+        if logs["loss"] < self.loss:
             self.model.stop_training = True
 
 
@@ -70,8 +82,17 @@ def main():
     compiled().fit(x, y, epochs=1, verbose="auto", **fit)
 
     model = compiled()
-    model.fit(x, y, epochs=2, callbacks=[StopOnOneProcess()], verbose=0, **fit)
+    model.fit(x, y, epochs=3, callbacks=[StopOnOneProcess()], verbose=0, **fit)
     found["iterations_after_a_stop"] = int(model.optimizer.iterations)
+    model = compiled()
+    history = model.fit(x, y, epochs=3, verbose=0, **fit)
+    # The first epoch's last loss: a stop there, from the logs.
+    stop = StopFromTheLogs(history.history["loss"][0] * 1.001)
+    model = compiled()
+    model.fit(x, y, epochs=3, callbacks=[stop], verbose=0, **fit)
+    found["iterations_after_a_stop_from_the_logs"] = int(
+        model.optimizer.iterations
+    )
 
     # At a period's end (12 steps of 4) both hold the centers.
     model = compiled()
