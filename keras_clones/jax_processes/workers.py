@@ -131,10 +131,11 @@ class Program:
 
     def __call__(self, *args):
         workers = self._workers
-        specs = jax.tree.map(workers.spec, args)
-        layout = (jax.tree.structure(args), str(specs))
+        leaves, structure = jax.tree.flatten(args)
+        layout = (structure, tuple(np.ndim(leaf) == 0 for leaf in leaves))
         compiled = self._compiled.get(layout)
         if compiled is None:
+            specs = jax.tree.map(workers.spec, args)
 
             def traced(*args):
                 with process_axis.traced(workers.count):
