@@ -87,7 +87,10 @@ def worker_main(argv):
     import keras_clones
 
     if args.jax_worker == "data_parallel":
-        keras.distribution.set_distribution(keras.distribution.DataParallel())
+        # Each process feeds its own rows of the global batch.
+        keras.distribution.set_distribution(
+            keras.distribution.DataParallel(auto_shard_dataset=False)
+        )
     # This process's rows of every global batch.
     rng = np.random.default_rng(synthetic_mlp.SEED)
     features = synthetic_mlp.NUM_FEATURES

@@ -4,8 +4,9 @@ workers' mesh, and the program that makes each execution's logs global.
 
 Each execution wraps the state Keras hands it as this process's part of
 global arrays (unless it is the last execution's, still wrapped), runs
-`steps_per_execution` steps on them (each on this process's own batch),
-and makes the logs global. Keras keeps the wrapped state between
+`steps_per_execution` steps on them (each on this process's own batch; in
+one program, a `lax.scan` of the steps, where the batches are alike), and
+makes the logs global. Keras keeps the wrapped state between
 executions; where it writes the state back into the variables
 (`jax_state_sync`, at an epoch's end or for a callback), it is unwrapped:
 the variables, callbacks, `evaluate` and `save` stay this process's own.
@@ -15,6 +16,7 @@ conditional: steps that end no period communicate nothing.
 
 import jax
 import keras
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from keras_clones import process_axis
@@ -29,24 +31,47 @@ def make(model, workers):
         lambda specs: (PartitionSpec(), specs[0]),
         donate=(0,),
     )
+
+    def steps(state, batches):
+        def one(state, batch):
+            logs, state = model.train_step(state, batch)
+            return state, logs
+
+        state, logs = jax.lax.scan(one, state, batches)
+        return jax.tree.map(lambda log: log[-1], logs), state
+
+    # An execution's steps in one program, where its batches are alike.
+    scanned = workers.program(
+        steps, lambda specs: (PartitionSpec(), specs[0]), donate=(0,)
+    )
     logs_program = global_logs_program(model, workers)
 
     def train_function(state, iterator):
-        data = next(iterator)  # Ends the epoch, as in Keras, if none.
+        batches = [next(iterator)]  # Ends the epoch, as in Keras, if none.
+        for _ in range(model.steps_per_execution - 1):
+            try:
+                batches.append(next(iterator))
+            except StopIteration:
+                break
         state = jax.tree.map(workers.wrapped, state)
-        logs = None
-        for index in range(model.steps_per_execution):
-            if index:
-                try:
-                    data = next(iterator)
-                except StopIteration:
-                    break
-            logs, state = step(state, workers.wrap_data(data))
+        if len(batches) > 1 and _alike(batches):
+            stacked = jax.tree.map(lambda *b: np.stack(b), *batches)
+            logs, state = scanned(state, workers.wrap_data(stacked))
+        else:
+            for batch in batches:
+                logs, state = step(state, workers.wrap_data(batch))
         logs = jax.tree.map(workers.unwrap, logs_program(state[3], logs))
         return logs, state  # Global: `fitting.jax_state_sync` unwraps it.
 
-    train_function.step_program = step  # Its compiled steps, to read.
+    # Its compiled programs of steps, to read.
+    train_function.step_programs = (step, scanned)
     return train_function
+
+
+def _alike(batches):
+    """Whether `batches` have the same structure and shapes."""
+    first = jax.tree.map(np.shape, batches[0])
+    return all(jax.tree.map(np.shape, b) == first for b in batches[1:])
 
 
 def global_logs_program(model, workers):

@@ -74,9 +74,10 @@ def run(out, name, steps_per_execution):
         rounds=int(optimizer.communication_rounds.numpy()),
         iterations=int(optimizer.iterations.numpy()),
     )
-    if process == 0 and steps_per_execution == 1:
-        (text,) = start.train_function.step_program.compiled_texts()
-        with open(f"{out}/{name}.step.txt", "w") as f:
+    if process == 0:
+        programs = start.train_function.step_programs
+        (text,) = [t for p in programs for t in p.compiled_texts()]
+        with open(f"{out}/{name}.steps.{steps_per_execution}.txt", "w") as f:
             f.write(text)
     print(f"variant {name} at {steps_per_execution} done", flush=True)
 
