@@ -12,7 +12,7 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 JAX_VENV := .venv-jax
 JAX_STAMP := $(JAX_VENV)/.installed
 
-.PHONY: setup demo test test-fast test-jax bench-agn-jax test-bench format bench bench-faults bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap clean conformance
+.PHONY: setup demo test test-fast test-jax bench-agn-jax bench-jax-processes test-bench format bench bench-faults bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -105,6 +105,10 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 
 bench-multiworker: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/multiworker.py
+
+# AGN across JAX processes (.venv-jax) against TensorFlow workers (.venv).
+bench-jax-processes: setup $(JAX_STAMP)
+	$(BIN)/python bench/jax_processes.py $(BENCH_ARGS)
 
 bench-ps: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/ps.py
