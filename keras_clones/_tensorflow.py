@@ -20,8 +20,9 @@ def needs_tensorflow(what):
         f"the {keras.backend.backend()!r} backend. Set the environment "
         "variable KERAS_BACKEND=tensorflow before importing keras (or set "
         '"backend": "tensorflow" in ~/.keras/keras.json). Under other '
-        "backends, `keras_clones.AGNOptimizer` (in one process, or under "
-        "`keras.distribution`), `keras_clones.step_hooks`, "
+        "backends, `keras_clones.AGNOptimizer` (in one process, under "
+        "`keras.distribution`, or across JAX processes), "
+        "`keras_clones.step_hooks`, "
         "`keras_clones.callbacks.PostInitCopy` and `InfNanCheck`, `python -m "
         "keras_clones.launch` and `keras_clones.cost_model` run."
     )
