@@ -206,6 +206,30 @@ def test_a_stop_from_the_logs_stops_every_process_at_the_same_step(
     assert stopped[0] == stopped[1] < 36  # Of 3 epochs of 12.
 
 
+def test_a_nan_on_one_process_raises_on_both_at_the_commit(
+    launched_behaviours,
+):
+    found, _, _ = launched_behaviours
+    # Process 1's batch 1 is a nan: skipped there alone, reported at the
+    # commit of the period (step 4), where both raise, naming it.
+    assert [f["iterations_at_the_raise"] for f in found] == [4, 4]
+    for raised in (f["raised"] for f in found):
+        assert raised[0] == "RuntimeError"
+        assert "is not finite at optimizer step 1" in raised[1]
+    assert found[0]["raised"] == found[1]["raised"]
+
+
+def test_post_init_copy_at_a_period_end_gives_every_process_the_chiefs(
+    launched_behaviours,
+):
+    found, _, _ = launched_behaviours
+    weights = [np.array(f["weights_after_a_copy"]) for f in found]
+    centers = [np.array(f["centers_after_a_copy"]) for f in found]
+    np.testing.assert_array_equal(weights[0], weights[1])
+    np.testing.assert_array_equal(centers[0], weights[0])
+    np.testing.assert_array_equal(centers[1], weights[0])
+
+
 def test_evaluate_gives_the_result_over_every_process_rows(
     launched_behaviours,
 ):

@@ -13,8 +13,10 @@ is (or wraps) an `AGNOptimizer`, `fit`:
   processes;
 - shows the progress bar on process 0 alone under `verbose="auto"`;
 - agrees, through `ProcessAgreement` (a callback it adds last): at the
-  start, on the steps of an epoch (refused where they differ) and, in a
-  run that has taken no step, on process 0's weights and optimizer state;
+  start, on the steps of an epoch (refused where they differ); in a run
+  that has taken no step, on process 0's weights and optimizer state; at
+  a period's end (where `PostInitCopy` copies weights set since into the
+  centers), on process 0's weights and centers;
   after every epoch, on `stop_training` (a stop on any process stops
   every process). Within an epoch the logs agree, so a callback that stops
   from them (`TerminateOnNaN`, `InfNanCheck`) stops every process at the
@@ -39,6 +41,7 @@ import jax
 import keras
 
 from keras_clones import _keras_internals as internals
+from keras_clones import gradients
 from keras_clones import optimizer_capabilities
 from keras_clones.jax_processes import backup
 from keras_clones.jax_processes import train_function
@@ -170,18 +173,26 @@ class ProcessAgreement(keras.callbacks.Callback):
                 "(by process). Give each process as many rows, or pass "
                 "`steps_per_epoch`."
             )
-        optimizer = self.model.optimizer
-        if int(keras.ops.convert_to_numpy(optimizer.iterations)) == 0:
-            self._start_from_chief()
+        model = self._trained
+        agn = _agn(model.optimizer)
+        step = int(keras.ops.convert_to_numpy(agn.local_step))
+        if step == 0:
+            self._take_the_chiefs(
+                [*model.variables, *model.optimizer.variables]
+            )
+        elif agn.schedule.synchronised_at(step):
+            # Where the local weights are the centers by design (weights
+            # set since, or `PostInitCopy`): process 0's, and its centers;
+            # each process's own state (inner slots) stays its own.
+            centers = [
+                agn.global_center_variable(v)
+                for v in model.trainable_variables
+                if not gradients.overwrites(v)
+            ]
+            self._take_the_chiefs([*model.variables, *centers])
 
-    def _start_from_chief(self):
-        """Every process takes process 0's weights and optimizer state."""
-        model = self.model
-        variables = [
-            *model.trainable_variables,
-            *model.non_trainable_variables,
-            *model.optimizer.variables,
-        ]
+    def _take_the_chiefs(self, variables):
+        """Every process takes process 0's values of `variables`."""
         values = [v.value for v in variables]
         values = self._workers.broadcast_from_chief(values)
         for variable, value in zip(variables, values):

@@ -16,6 +16,8 @@ import numpy as np  # noqa: E402
 import variants  # noqa: E402
 
 from keras_clones import AGNOptimizer  # noqa: E402
+from keras_clones.callbacks import InfNanCheck  # noqa: E402
+from keras_clones.callbacks import PostInitCopy  # noqa: E402
 
 PROCESS = jax.process_index()
 
@@ -99,6 +101,31 @@ def main():
     model.fit(x, y, epochs=1, verbose=0, **fit)
     found["evaluated"] = model.evaluate(x, y, verbose=0)
     found["own_loss"] = float(np.mean((model.predict(x, verbose=0) - y) ** 2))
+
+    # Weights set apart at a period's end, copied into the centers by
+    # `PostInitCopy`: process 0's, on both.
+    model = compiled()
+    model.fit(x, y, epochs=1, verbose=0, **fit)
+    model.set_weights([w + 1.0 + PROCESS for w in model.get_weights()])
+    model.fit(x, y, epochs=0, callbacks=[PostInitCopy()], verbose=0, **fit)
+    found["centers_after_a_copy"] = variants.flat(
+        [
+            np.asarray(model.optimizer.global_center_variable(v))
+            for v in model.trainable_variables
+        ]
+    ).tolist()
+    found["weights_after_a_copy"] = variants.flat(model.get_weights()).tolist()
+
+    # A nan on process 1 alone, under InfNanCheck("raise"): counted at the
+    # commit on both, which raise alike.
+    x_nan, y_nan = variants.data(PROCESS, nan=True)
+    model = compiled()
+    found["raised"] = error_of(
+        lambda: model.fit(
+            x_nan, y_nan, callbacks=[InfNanCheck("raise")], verbose=0, **fit
+        )
+    )
+    found["iterations_at_the_raise"] = int(model.optimizer.iterations)
 
     # Files: each process asks for its own path; process 0 alone writes.
     model = compiled()
