@@ -26,11 +26,12 @@ local step alone (across workers, with a period longer than 1) counts it
 in the optimizer's own state; the count is reduced and reported to the
 guard at the next commit, so that every worker reports alike.
 
-Where each part runs (a replica, the cross-replica context), how commits
-are reduced and conditional updates made, is the backend's
-(`replicas.StrategyReplicas` on TensorFlow, `replicas.OneReplica` under
-JAX); overlapped commits around an execution and their flush in a
-`tf.function` are TensorFlow's alone.
+Where each part runs (a replica, the cross-replica context, a function
+outside a step), how commits are reduced and gathered, and how conditional
+updates are made, is the backend's: the engine asks it all of its
+replicas (`replicas.StrategyReplicas` on TensorFlow,
+`replicas.KerasReplicas` under JAX, one per process across JAX
+processes), and calls no TensorFlow or JAX API itself.
 """
 
 import contextlib
@@ -40,7 +41,6 @@ import numpy as np
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
-from keras_clones._tensorflow import tf
 from keras_clones.agn.fragment import NOTHING
 from keras_clones.agn.fragment import RECEIVED
 from keras_clones.agn.fragment import SENT
@@ -53,14 +53,6 @@ def skips_alone(schedule, replicas):
     (`replicas.steps_apart`), with a period longer than 1 (with a period
     of 1 the step is the commit, and the workers skip it together)."""
     return schedule.period > 1 and replicas.steps_apart
-
-
-def _in_a_step(strategy, fn):
-    """Runs `fn()` where a step's optimizer runs its cross-replica parts:
-    in the merge call of a replica (its devices)."""
-    strategy.run(
-        lambda: tf.distribute.get_replica_context().merge_call(lambda _: fn())
-    )
 
 
 class PeriodEngine:
@@ -101,7 +93,6 @@ class PeriodEngine:
         self._count_iterations = count_iterations
         self._hooks = None  # The step hooks the traced step ends periods with.
         self._execution_ends_periods = False
-        self._flush = None  # (hooks, the traced `apply_in_flight`).
 
     @property
     def accumulates(self):
@@ -498,20 +489,19 @@ class PeriodEngine:
     @contextlib.contextmanager
     def commits_around_execution(self, strategy):
         """See `AGNOptimizer.commits_around_execution` (TensorFlow)."""
-        local_step = gradients.tf_variable(self.state.local_step)
-        first_step = local_step.read_value()
+        replicas = self.replicas
+        first_step = gradients.read(self.state.local_step)
         for fragment in self.state.fragments:
-            _in_a_step(strategy, lambda f=fragment: self._receive(f))
+            replicas.in_a_step(strategy, lambda f=fragment: self._receive(f))
         self._execution_ends_periods = True
         try:
             yield
         finally:
             self._execution_ends_periods = False
-        last_step = local_step.read_value()
-        tf.debugging.assert_equal(
+        last_step = gradients.read(self.state.local_step)
+        replicas.check(
             self.schedule.ends_at_most_once(first_step, last_step),
-            True,
-            message=(
+            (
                 "With `overlap=True` every execution of the train function "
                 "must end at or before the next period's end, but one "
                 "crossed it: make the steps of each epoch "
@@ -523,9 +513,9 @@ class PeriodEngine:
         hooks = self._hooks
         for index, ends in self.schedule.ending(last_step):
             fragment = self.state.fragments[index]
-            self.replicas.run_if(
-                tf.logical_and(moved, ends),
-                lambda f=fragment: _in_a_step(
+            replicas.run_if(
+                keras.ops.logical_and(moved, ends),
+                lambda f=fragment: replicas.in_a_step(
                     strategy, lambda: self.end_period(f, 1, hooks)
                 ),
             )
@@ -539,13 +529,12 @@ class PeriodEngine:
 
     def apply_in_flight(self, strategy):
         """Applies the commits in flight (see
-        `AGNOptimizer.apply_in_flight_commit`): on TensorFlow in a
-        `tf.function` in `strategy`'s replica, else at once."""
-        if strategy is None:
-            self._flush_in_flight(self._hooks)
-            return
-        with strategy.scope():
-            self._flush_function(strategy)()
+        `AGNOptimizer.apply_in_flight_commit`), outside a step, as a step
+        of `strategy` (TensorFlow's, or None) would."""
+        hooks = self._hooks
+        self.replicas.outside_a_step(
+            strategy, lambda: self._flush_in_flight(hooks), hooks
+        )
 
     def _flush_in_flight(self, hooks):
         for fragment in self.state.fragments:
@@ -555,19 +544,6 @@ class PeriodEngine:
                 lambda f=fragment: self._apply_received(f, hooks),
             )
             fragment.phase.assign(NOTHING)
-
-    def _flush_function(self, strategy):
-        """`apply_in_flight`'s function, traced once for the hooks the
-        step ends periods with."""
-        hooks = self._hooks
-        if self._flush is not None and self._flush[0] is hooks:
-            return self._flush[1]
-        function = tf.function(
-            lambda: _in_a_step(strategy, lambda: self._flush_in_flight(hooks)),
-            autograph=False,
-        )
-        self._flush = (hooks, function)
-        return function
 
     def _apply_received(self, fragment, hooks):
         self.replicas.for_each_replica(self._move_received, fragment, hooks)

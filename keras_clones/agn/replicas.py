@@ -28,6 +28,9 @@ from keras_clones.conditional import run_if
 class StrategyReplicas:
     """The replicas of the current `tf.distribute` strategy."""
 
+    def __init__(self):
+        self._outside = None  # (key, the function of `outside_a_step`).
+
     @property
     def _strategy(self):
         return tf.distribute.get_strategy()
@@ -117,6 +120,32 @@ class StrategyReplicas:
         """`conditional.run_if` (`writes` serve other backends)."""
         run_if(pred, update)
 
+    def check(self, condition, message):
+        """Fails where `condition` (a boolean tensor) does not hold, with
+        `message`."""
+        tf.debugging.assert_equal(condition, True, message=message)
+
+    def in_a_step(self, strategy, fn):
+        """Outside a replica: `fn()` where a step's optimizer runs its
+        cross-replica parts, in the merge call of a replica of
+        `strategy`."""
+        strategy.run(
+            lambda: tf.distribute.get_replica_context().merge_call(
+                lambda _: fn()
+            )
+        )
+
+    def outside_a_step(self, strategy, fn, key):
+        """Eagerly: `fn()` as a step of `strategy` runs it (`in_a_step`), in
+        a `tf.function` traced once for `key` (the last one's kept)."""
+        if self._outside is None or self._outside[0] is not key:
+            function = tf.function(
+                lambda: self.in_a_step(strategy, fn), autograph=False
+            )
+            self._outside = (key, function)
+        with strategy.scope():
+            self._outside[1]()
+
 
 class KerasReplicas:
     """The replicas of a step under Keras's other backends (JAX): one, in
@@ -174,6 +203,10 @@ class KerasReplicas:
 
     def read_own(self, variable):
         return gradients.read(variable)
+
+    def outside_a_step(self, strategy, fn, key):
+        """`fn()`, at once."""
+        fn()
 
     def run_if(self, pred, update, writes=None):
         if writes is None:
