@@ -54,6 +54,7 @@ __all__ = [
     "no_automatic_dependency_tracking",
     "initial_epoch",
     "jax_state",
+    "keras_files",
     "set_jax_state",
     "install_jax_trainer_overrides",
     "JAX_MODEL_OVERRIDES",
@@ -189,6 +190,12 @@ def backup_metadata(callback):
         return None
     with file_utils.File(path) as f:
         return json.loads(f.read())
+
+
+def keras_files():
+    """Keras's file operations (`keras.src.utils.file_utils`: local paths,
+    and remote ones through TensorFlow's `gfile` where it is installed)."""
+    return file_utils
 
 
 def initial_epoch(model):

@@ -39,7 +39,7 @@ else:
 _TERMINATE_TIMEOUT = 5.0
 _POLL_INTERVAL = 0.1
 # What the chief's `BackupAndRestore` prints at its first step, and after
-# a resume (`keras_clones.multi_worker.backup.TRAINING`, `TRAINING_AGAIN`;
+# a resume (`keras_clones.worker_backup.TRAINING`, `TRAINING_AGAIN`;
 # the launcher imports no Keras).
 _TRAINING = "keras_clones: training"
 _TRAINING_AGAIN = f"{_TRAINING} again"

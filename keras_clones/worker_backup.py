@@ -64,15 +64,28 @@ def check_plain(callback, who):
         )
 
 
-class _LocalFiles:
-    """The file operations of a backup without TensorFlow."""
+class _KerasFiles:
+    """Keras's file operations, where TensorFlow's are absent."""
 
-    makedirs = staticmethod(lambda path: os.makedirs(path, exist_ok=True))
-    isdir = staticmethod(os.path.isdir)
-    listdir = staticmethod(os.listdir)
-    remove = staticmethod(os.remove)
-    File = staticmethod(open)
-    replace = staticmethod(os.replace)
+    def __getattr__(self, name):  # isdir, listdir, remove, File.
+        return getattr(internals.keras_files(), name)
+
+    @staticmethod
+    def makedirs(path):
+        files = internals.keras_files()
+        try:
+            files.makedirs(path)
+        except FileExistsError:  # Locally, already there.
+            pass
+
+    @staticmethod
+    def replace(src, dst):
+        files = internals.keras_files()
+        if files.is_remote_path(src):
+            files.copy(src, dst)
+            files.remove(src)
+        else:
+            os.replace(src, dst)
 
 
 class _TensorFlowFiles:
@@ -88,7 +101,7 @@ class _TensorFlowFiles:
     )
 
 
-_files = _TensorFlowFiles() if ON_TENSORFLOW else _LocalFiles()
+_files = _TensorFlowFiles() if ON_TENSORFLOW else _KerasFiles()
 
 
 class BackupWithWorkerState(keras.callbacks.BackupAndRestore):

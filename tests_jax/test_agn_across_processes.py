@@ -243,6 +243,7 @@ def test_evaluate_gives_the_result_over_every_process_rows(
     "case, error, message",
     [
         ("steps_differ", "ValueError", "would run [11, 12] (by process)"),
+        ("rows_differ", "ValueError", "have [95, 96] rows (by process)"),
         ("length_unknown", "ValueError", "Pass `steps_per_epoch`"),
         ("no_agn", "ValueError", "neither an `AGNOptimizer` nor a"),
         ("train_on_batch", "NotImplementedError", "Use `fit`"),

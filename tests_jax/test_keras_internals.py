@@ -49,3 +49,11 @@ def test_jax_state_is_what_fit_carries_between_steps_and_can_be_replaced():
     ]
     internals.set_jax_state(model, {"trainable_variables": [np.zeros((2, 1))]})
     assert internals.jax_state(model)["trainable_variables"][0].shape == (2, 1)
+
+
+def test_keras_files_are_keras_file_operations(tmp_path):
+    files = internals.keras_files()
+    files.makedirs(str(tmp_path / "a"))
+    assert files.isdir(str(tmp_path / "a"))
+    assert not files.is_remote_path(str(tmp_path))
+    assert files.is_remote_path("gs://bucket/backup")

@@ -24,10 +24,11 @@ On R' replicas after R (another number of workers):
   received commit scaled by R' / R;
 - what a worker that left did since the period's start is not committed.
 
-Across JAX processes Keras divides no gradients and a commit is never in
-flight between executions (it is reduced in the step that sends it): each
-worker's own state keeps its values on any number of workers, and a new
-worker starts from the centers as above.
+Across JAX processes Keras divides no gradients, and a commit is never
+only sent between executions (it is reduced in the step that sends it):
+a commit in flight is received, the same on every worker (a new one keeps
+the chief's). Each worker's own state keeps its values on any number of
+workers, and a new worker starts from the centers as above.
 """
 
 import typing

@@ -42,13 +42,16 @@ import keras
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
-from keras_clones import optimizer_capabilities
 from keras_clones.jax_processes import backup
 from keras_clones.jax_processes import train_function
 from keras_clones.jax_processes.workers import Workers
+from keras_clones.worker_backup import agn_optimizer
 
 NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
 _WORKERS = []  # This run's `Workers`, made once.
+# The models `fit` has trained across the processes: their state between
+# executions is global (`jax_state_sync`).
+_ACROSS = weakref.WeakSet()
 # A model's program of `metrics_result_or_logs`, with the metrics' variables
 # it was made for.
 _evaluation_logs = weakref.WeakKeyDictionary()
@@ -59,13 +62,6 @@ def workers():
     if not _WORKERS:
         _WORKERS.append(Workers())
     return _WORKERS[0]
-
-
-def _agn(optimizer):
-    from keras_clones.agn import AGNOptimizer
-
-    optimizer = optimizer_capabilities.unwrapped(optimizer)
-    return optimizer if isinstance(optimizer, AGNOptimizer) else None
 
 
 def check_processes_started():
@@ -85,8 +81,10 @@ def check_processes_started():
 def _started_as_one_of():
     """The number of processes this one was started as one of (by the
     launcher, or as Keras reads it), or None."""
-    started = os.environ.get(NUM_PROCESSES, "")
-    return int(started) if started.isdigit() else None
+    try:
+        return int(os.environ[NUM_PROCESSES])
+    except (KeyError, ValueError):
+        return None
 
 
 def across_processes(model):
@@ -99,7 +97,7 @@ def across_processes(model):
     if not several and _started_as_one_of() is None:
         return False
     distribution = keras.distribution.distribution()
-    agn = _agn(model.optimizer)
+    agn = agn_optimizer(model.optimizer)
     if distribution is not None:
         if agn is not None and several:
             raise ValueError(
@@ -132,31 +130,43 @@ def across_processes(model):
     return True
 
 
+def trains_across(model):
+    """Whether `model` trains across JAX processes (`across_processes`),
+    where that refuses nothing (`evaluate`, `save`)."""
+    try:
+        return model.optimizer is not None and across_processes(model)
+    except ValueError:
+        return False
+
+
 def _check_one_device():
     devices = jax.local_device_count()
     if devices > 1:
         raise ValueError(
-            "An AGNOptimizer across JAX processes trains one worker per "
-            f"process on one device, but this process has {devices} "
-            "devices. Start one process per device (e.g. with "
-            "CUDA_VISIBLE_DEVICES, or XLA_FLAGS without "
-            "--xla_force_host_platform_device_count)."
+            "An AGNOptimizer across JAX processes (also under the launcher's "
+            "--workers 1) trains one worker per process on one device, but "
+            f"this process has {devices} devices. Start one process per "
+            "device (e.g. with CUDA_VISIBLE_DEVICES, or XLA_FLAGS without "
+            "--xla_force_host_platform_device_count); for one process on "
+            "several devices, use `keras.distribution.DataParallel` "
+            "without the launcher."
         )
 
 
 class ProcessAgreement(keras.callbacks.Callback):
     """What the processes agree on during `fit` of `model` (see the
-    module's docstring); `fit` adds it last. It holds the model itself:
-    on JAX, a callback's `self.model` writes the step's state back into the
-    variables, which its batch hooks need not."""
+    module's docstring); `fit` adds it last, with each process's rows (or
+    None, unknown)."""
 
-    def __init__(self, workers, model):
+    def __init__(self, workers, model, rows):
         super().__init__()
         self._workers = workers
         self._trained = model
+        self._rows = rows
 
     def on_train_begin(self, logs=None):
         steps = self.params.get("steps")
+        rows = self._workers.gather(-1 if self._rows is None else self._rows)
         every = self._workers.gather(-1 if steps is None else steps)
         if (every < 0).any():
             raise ValueError(
@@ -173,8 +183,18 @@ class ProcessAgreement(keras.callbacks.Callback):
                 "(by process). Give each process as many rows, or pass "
                 "`steps_per_epoch`."
             )
+        if (rows >= 0).all() and len(set(rows.tolist())) > 1:
+            raise ValueError(
+                "Across JAX processes every process must take batches of "
+                "the same sizes at the same steps (its steps are compiled "
+                "for them), but the processes have "
+                f"{rows.tolist()} rows (by process). Give each process as "
+                "many rows: e.g. `x = x[: len(x) // n * n]` before taking "
+                "`x[jax.process_index() :: n]`, with `n = "
+                "jax.process_count()`."
+            )
         model = self._trained
-        agn = _agn(model.optimizer)
+        agn = agn_optimizer(model.optimizer)
         step = int(keras.ops.convert_to_numpy(agn.local_step))
         if step == 0:
             self._take_the_chiefs(
@@ -209,6 +229,15 @@ def _indices(mask):
     return ", ".join(str(i) for i, m in enumerate(mask) if m)
 
 
+def _rows(x):
+    """The rows of `fit`'s `x` where it is arrays (a structure of them with
+    a length), else None."""
+    leaves = jax.tree.leaves(x)
+    if not leaves or not all(hasattr(leaf, "shape") for leaf in leaves):
+        return None
+    return len(leaves[0])
+
+
 def own_writer(callback, workers):
     """Whether `callback` runs on this process: a `CSVLogger` or
     `TensorBoard`, which write the (global) logs, runs on the chief
@@ -226,6 +255,7 @@ def fit(keras_fit, model, *args, **kwargs):
     arguments.apply_defaults()
     options = arguments.arguments
     own = workers()
+    _ACROSS.add(model)
     if options["verbose"] == "auto" and not own.is_chief:
         options["verbose"] = 0
     callbacks = options["callbacks"]
@@ -239,7 +269,8 @@ def fit(keras_fit, model, *args, **kwargs):
         for callback in callbacks or []
         if own_writer(callback, own)
     ]
-    options["callbacks"] = [*callbacks, ProcessAgreement(own, model)]
+    agreement = ProcessAgreement(own, model, _rows(options["x"]))
+    options["callbacks"] = [*callbacks, agreement]
     return keras_fit(*arguments.args, **arguments.kwargs)
 
 
@@ -247,8 +278,8 @@ def jax_state_sync(keras_sync, model):
     """Keras's `jax_state_sync`, the state of the last execution first
     unwrapped where it is global (across processes)."""
     state = internals.jax_state(model)
-    if state:
-        own = workers() if _WORKERS else None
+    if state and model in _ACROSS:
+        own = workers()
         if own is not None:
             internals.set_jax_state(
                 model,
@@ -272,7 +303,7 @@ def metrics_result_or_logs(keras_result, model, logs):
     """Keras's `_get_metrics_result_or_logs`; across processes, every
     metric's result from its state summed over them (`fit`'s epoch logs
     and `evaluate`'s results): every process must call it alike."""
-    if model.optimizer is None or not across_processes(model):
+    if not trains_across(model):
         return keras_result(model, logs)
     own = workers()
     # Made again for other metrics (a `compile` since).
@@ -295,11 +326,7 @@ def writes_here(model):
     across TensorFlow workers); elsewhere, always."""
     if jax.process_index() == 0:
         return True
-    return (
-        keras.distribution.distribution() is not None
-        or getattr(model, "optimizer", None) is None
-        or _agn(model.optimizer) is None
-    )
+    return not trains_across(model)
 
 
 def save(keras_save, model, *args, **kwargs):

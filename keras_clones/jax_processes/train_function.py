@@ -11,8 +11,11 @@ executions; where it writes the state back into the variables
 (`jax_state_sync`, at an epoch's end or for a callback), it is unwrapped:
 the variables, callbacks, `evaluate` and `save` stay this process's own.
 The step program holds no collective outside the AGN period end's
-conditional: steps that end no period communicate nothing.
+conditional: steps that end no period communicate nothing; each
+execution all-reduces its logs once, in a program of its own.
 """
+
+import weakref
 
 import jax
 import keras
@@ -55,7 +58,7 @@ def make(model, workers):
                 break
         state = jax.tree.map(workers.wrapped, state)
         if len(batches) > 1 and _alike(batches):
-            stacked = jax.tree.map(lambda *b: np.stack(b), *batches)
+            stacked = jax.tree.map(lambda *b: jax.numpy.stack(b), *batches)
             logs, state = scanned(state, workers.wrap_data(stacked))
         else:
             for batch in batches:
@@ -80,11 +83,12 @@ def global_logs_program(model, workers):
     state summed over the processes, as across TensorFlow workers, and any
     other log, its mean over them. One flat all-reduce per dtype."""
     variables = model.metrics_variables
+    of = weakref.ref(model)  # A model's cache of these may hold it.
 
     def make_global(metrics_values, logs):
         summed = process_axis.total(metrics_values)
         with keras.StatelessScope(state_mapping=list(zip(variables, summed))):
-            results = model.get_metrics_result()
+            results = of().get_metrics_result()
         others = [k for k in logs if k not in results]
         means = dict(zip(others, process_axis.mean([logs[k] for k in others])))
         return {k: results[k] if k in results else means[k] for k in logs}

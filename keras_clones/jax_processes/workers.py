@@ -44,7 +44,10 @@ class Workers:
         return self.index == 0
 
     def spec(self, value):
-        """How a process's `value` is laid out in a global array."""
+        """How a process's `value` is laid out in a global array (a
+        global array: as it is)."""
+        if _spans_processes(value):
+            return value.sharding.spec
         if np.ndim(value) == 0:
             return PartitionSpec()
         return PartitionSpec(process_axis.NAME)
@@ -132,7 +135,7 @@ class Program:
     def __call__(self, *args):
         workers = self._workers
         leaves, structure = jax.tree.flatten(args)
-        layout = (structure, tuple(np.ndim(leaf) == 0 for leaf in leaves))
+        layout = (structure, tuple(map(workers.spec, leaves)))
         compiled = self._compiled.get(layout)
         if compiled is None:
             specs = jax.tree.map(workers.spec, args)
@@ -156,8 +159,9 @@ class Program:
         return compiled(*args)
 
     def compiled_texts(self):
-        """The text of each program compiled so far (XLA's HLO, after
-        optimisation), for a look at its collectives."""
+        """The text of each program compiled so far, one per layout, at the
+        shapes of its first call (XLA's HLO, after optimisation), for a
+        look at its collectives."""
         return [
             compiled.lower(*self._arguments[layout]).compile().as_text()
             for layout, compiled in self._compiled.items()

@@ -7,7 +7,6 @@ from keras_clones.worker_backup import STATE_DIRECTORY  # noqa: F401
 from keras_clones.worker_backup import TRAINING  # noqa: F401
 from keras_clones.worker_backup import TRAINING_AGAIN  # noqa: F401
 from keras_clones.worker_backup import BackupWithWorkerState
-from keras_clones.worker_backup import agn_optimizer  # noqa: F401
 from keras_clones.worker_backup import check_plain
 
 

@@ -142,6 +142,10 @@ def main():
     found["steps_differ"] = error_of(
         lambda: compiled().fit(x[:rows], y[:rows], verbose=0, **fit)
     )
+    rows = len(x) - (1 - PROCESS)  # Process 0: one row fewer, as many steps.
+    found["rows_differ"] = error_of(
+        lambda: compiled().fit(x[:rows], y[:rows], verbose=0, **fit)
+    )
     batches = ((x[i : i + 8], y[i : i + 8]) for i in range(0, len(x), 8))
     found["length_unknown"] = error_of(
         lambda: compiled().fit(batches, verbose=0)
