@@ -43,7 +43,8 @@ def run(out, name, steps_per_execution):
     process = jax.process_index()
     options, inner, _, outer, _ = variants.VARIANTS[name]
     x, y = variants.data(process, nan="nan" in name)
-    model = variants.mlp(seed=process)  # Different on each process.
+    # Different on each process.
+    model = variants.mlp(seed=process, lazy="lazy" in name)
     model.compile(
         keras_clones_agn(inner, outer, options),
         "mse",

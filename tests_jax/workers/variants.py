@@ -33,6 +33,7 @@ VARIANTS["contrib_fragments"] = (
     *RULES["contrib"][1:],
 )
 VARIANTS["contrib_nan"] = RULES["contrib"]
+VARIANTS["diloco_lazy"] = RULES["diloco"]  # A subclassed model built late.
 
 
 def data(process, nan=False):
@@ -56,8 +57,22 @@ def resume_data(process):
     return x[:rows], y[:rows]
 
 
-def mlp(seed):
+class LazyMLP(keras.Model):
+    """The MLP as users subclass it: its layers built on the first call."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(4, activation="tanh")
+        self.out = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
+def mlp(seed, lazy=False):
     keras.utils.set_random_seed(seed)
+    if lazy:
+        return LazyMLP()
     return keras.Sequential(
         [
             keras.Input((5,)),
