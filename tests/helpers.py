@@ -153,6 +153,18 @@ def two_tower(model_class=keras.Model, **kwargs):
     return model_class({"a": a, "b": b}, (label, value), **kwargs)
 
 
+class LazyMLP(keras.Model):
+    """The MLP as users subclass it: its layers built on the first call."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(4, activation="tanh")
+        self.out = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
 class InterruptAtEpoch(keras.callbacks.Callback):
     """Raises `RuntimeError("interrupted")` as epoch `epoch` begins: a
     crash, for the tests of `BackupAndRestore`."""

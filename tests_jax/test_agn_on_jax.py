@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from helpers import INNER_LR
 from helpers import RULES
+from helpers import LazyMLP
 from reference import agn
 from reference import models
 from reference import optimizers
@@ -463,18 +464,6 @@ def test_what_needs_tensorflow_says_so_under_jax():
     optimizer.build([variable])
     with pytest.raises(ImportError, match="needs the TensorFlow backend"):
         optimizer.commits_around_execution().__enter__()
-
-
-class LazyMLP(keras.Model):
-    """The MLP as users subclass it: its layers built on the first call."""
-
-    def __init__(self):
-        super().__init__()
-        self.hidden = keras.layers.Dense(4, activation="tanh")
-        self.out = keras.layers.Dense(2)
-
-    def call(self, x):
-        return self.out(self.hidden(x))
 
 
 class WeightsAtStart(keras.callbacks.Callback):

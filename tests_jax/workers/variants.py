@@ -4,6 +4,7 @@ data and model, shared with the test that checks them by hand."""
 import keras
 import numpy as np
 from helpers import RULES
+from helpers import LazyMLP
 from reference import agn
 from reference import models
 
@@ -55,18 +56,6 @@ def resume_data(process):
     x, y = data(process)
     rows = RESUME_BATCHES * BATCH
     return x[:rows], y[:rows]
-
-
-class LazyMLP(keras.Model):
-    """The MLP as users subclass it: its layers built on the first call."""
-
-    def __init__(self):
-        super().__init__()
-        self.hidden = keras.layers.Dense(4, activation="tanh")
-        self.out = keras.layers.Dense(2)
-
-    def call(self, x):
-        return self.out(self.hidden(x))
 
 
 def mlp(seed, lazy=False):
