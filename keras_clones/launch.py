@@ -17,7 +17,6 @@ the workers do the training.
 """
 
 import argparse
-import json
 import math
 import os
 import re
@@ -29,10 +28,15 @@ import time
 
 if __package__:
     from keras_clones.ports import free_ports
+    from keras_clones.task_environment import keras_backend
+    from keras_clones.task_environment import task_environment
 else:
     # Run as a file (`bench/launching.py`), without the package, whose
-    # `__init__` imports TensorFlow: ports.py lies beside it, on sys.path.
+    # `__init__` imports TensorFlow: ports.py and task_environment.py lie
+    # beside it, on sys.path.
     from ports import free_ports
+    from task_environment import keras_backend
+    from task_environment import task_environment
 
 # How long stopped workers get to exit after SIGTERM before SIGKILL, and how
 # long their output is drained after they exit.
@@ -580,44 +584,13 @@ def _wait_parameter_servers(processes, names, grace_period, lock, restart):
         time.sleep(_POLL_INTERVAL)
 
 
-def keras_backend():
-    """The Keras backend the workers will run, found as Keras finds it:
-    `KERAS_BACKEND`, else `backend` in `$KERAS_HOME/keras.json` (by default
-    `~/.keras/keras.json`), else "tensorflow"."""
-    if os.environ.get("KERAS_BACKEND"):
-        return os.environ["KERAS_BACKEND"]
-    home = os.environ.get("KERAS_HOME") or os.path.join(
-        os.path.expanduser("~"), ".keras"
-    )
-    try:
-        with open(os.path.join(home, "keras.json")) as f:
-            return json.load(f).get("backend", "tensorflow")
-    except (OSError, ValueError):
-        return "tensorflow"
-
-
-def _task_environment(cluster, task):
-    """What tells task `(type, index)` of `cluster` where it stands: on
-    JAX, Keras's `KERAS_DISTRIBUTION_*` variables, which
-    `keras.distribution.initialize()` reads; else `TF_CONFIG`."""
-    kind, index = task
-    if keras_backend() == "jax":
-        return {
-            "KERAS_DISTRIBUTION_JOB_ADDRESSES": ",".join(cluster["worker"]),
-            "KERAS_DISTRIBUTION_NUM_PROCESSES": str(len(cluster["worker"])),
-            "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
-        }
-    tf_config = {"cluster": cluster, "task": {"type": kind, "index": index}}
-    return {"TF_CONFIG": json.dumps(tf_config)}
-
-
 def _start(command, cluster, task):
     """Starts `command` as task `(type, index)` of `cluster`
-    (`_task_environment`), its output piped, killed when the launcher
+    (`task_environment`), its output piped, killed when the launcher
     dies."""
     return subprocess.Popen(
         command,
-        env=dict(os.environ, **_task_environment(cluster, task)),
+        env=dict(os.environ, **task_environment(cluster, task)),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
