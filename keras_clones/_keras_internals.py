@@ -91,7 +91,9 @@ if ON_TENSORFLOW:
 # The methods of Keras's `JAXTrainer` (the class of every `keras.Model` on
 # JAX) and of `keras.Model` that keras_clones overrides on JAX: each stand-in
 # (`keras_clones.jax_processes.fitting`) acts only across JAX processes
-# with an `AGNOptimizer`, and calls Keras's own method elsewhere.
+# with an `AGNOptimizer` (and `fit` and `train_on_batch` for an
+# `AGNOptimizer`'s first step, `keras_clones.first_step`), and calls
+# Keras's own method elsewhere.
 JAX_TRAINER_OVERRIDES = (
     "fit",
     "make_train_function",

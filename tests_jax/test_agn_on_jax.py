@@ -5,6 +5,7 @@ process and under `keras.distribution.DataParallel` over two devices."""
 
 import subprocess
 import sys
+import types
 
 import jax
 import keras
@@ -511,3 +512,77 @@ def test_constraints_hold_for_the_local_weights_and_the_centers():
     (free, free_center), (kept, kept_center) = kernels
     assert free.min() < -0.01 and free_center.min() < -0.01
     assert kept.min() >= 0.0 and kept_center.min() >= 0.0
+
+
+class SetWeightsAtFirstBatch(keras.callbacks.Callback):
+    def __init__(self, weights):
+        super().__init__()
+        self.weights = weights
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == 0 and self.weights is not None:
+            self.model.set_weights(self.weights)
+            self.weights = None
+
+
+@pytest.mark.parametrize("how", ["before fit", "by a callback", "per batch"])
+def test_weights_set_after_build_are_trained_from_as_the_rule_by_hand(how):
+    # `fit` and `train_on_batch` copy them into the centers before their
+    # first step (keras_clones/first_step.py), not in it.
+    x, y = digits_like_data()
+    model = mlp()
+    model.compile(agn_adam(), "mse")
+    model.optimizer.build(model.trainable_variables)  # Centers from these.
+    keras.utils.set_random_seed(5)
+    new = [
+        np.random.normal(size=w.shape).astype("float32")
+        for w in model.get_weights()
+    ]
+    callbacks = []
+    if how == "by a callback":
+        callbacks = [SetWeightsAtFirstBatch(new)]
+    else:
+        model.set_weights(new)
+    if how == "per batch":
+        for step in range(BATCHES):
+            batch = slice(step * BATCH, (step + 1) * BATCH)
+            model.train_on_batch(x[batch], y[batch])
+    else:
+        model.fit(
+            x,
+            y,
+            batch_size=BATCH,
+            shuffle=False,
+            verbose=0,
+            callbacks=callbacks,
+        )
+    start = types.SimpleNamespace(get_weights=lambda: new)
+    local, center = by_hand_of(start, x, y, BATCHES, 4).history[-1]
+    np.testing.assert_allclose(
+        agn.flat(model.get_weights()), local[0], atol=1e-5
+    )
+    np.testing.assert_allclose(centers_of(model), center, atol=1e-5)
+
+
+def test_only_steps_traced_outside_fit_and_train_on_batch_copy_the_model_in(
+    monkeypatch,
+):
+    from keras_clones.agn.engine import PeriodEngine
+
+    traced = []
+    copy = PeriodEngine._start_from_model
+    monkeypatch.setattr(
+        PeriodEngine,
+        "_start_from_model",
+        lambda engine, variables: traced.append(1) or copy(engine, variables),
+    )
+    x, y = digits_like_data()
+    model = mlp()
+    model.compile(agn_adam(), "mse")
+    model.fit(x, y, batch_size=BATCH, verbose=0)
+    model.train_on_batch(x[:BATCH], y[:BATCH])
+    assert traced == []
+    optimizer = agn_adam()
+    variable = keras.Variable(np.ones(3, "float32"))
+    run_stateless(optimizer, variable, [np.ones(3)])
+    assert traced == [1]

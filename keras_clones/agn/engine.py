@@ -102,14 +102,17 @@ class PeriodEngine:
 
     # A local step.
 
-    def step(self, grads, variables, hooks, applied):
+    def step(self, grads, variables, hooks, applied, starts=True):
         """One local step in a replica context: `grads` applied to
         `variables` where `applied` (a boolean tensor, or None: always),
-        then counted, and the period's end where the schedule says."""
+        then counted, and the period's end where the schedule says. With
+        `starts`, a first step copies the model into the centers first
+        (else the caller did: `start_from_model`)."""
         replicas = self.replicas
         replicas.check_step_context()
-        kept = [v for v in variables if not gradients.overwrites(v)]
-        replicas.merge_call(self._start_from_model, kept)
+        if starts:
+            kept = [v for v in variables if not gradients.overwrites(v)]
+            replicas.merge_call(self._start_from_model, kept)
         if applied is None:
             self._local_update(grads, variables)
         else:

@@ -209,6 +209,9 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         )
         self._step_hooks = StepHooks()
         self._replicas = replicas.for_this_backend(self._state_and_model)
+        # Above 0, the steps traced leave out the first step's copy
+        # (`started_before_steps`).
+        self._started_before = 0
         arguments.remember_wrapper(self, (optimizer, outer_optimizer))
 
     @property
@@ -604,7 +607,8 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self._check_built_on(variables)
         hooks = self._step_hooks
         applied = hooks.decide(Step(grads, variables), alone=self.skips_alone)
-        self._engine.step(grads, variables, hooks, applied)
+        starts = not self._started_before
+        self._engine.step(grads, variables, hooks, applied, starts)
 
     def apply_local_step(self, grads, trainable_variables, applied, step_hooks):
         """One step whose verdict the caller took (a `CloneModel`, which
@@ -626,7 +630,13 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         trainable_variables = list(trainable_variables)
         self.build(trainable_variables)
         self._check_built_on(trainable_variables)
-        self._engine.step(list(grads), trainable_variables, step_hooks, applied)
+        self._engine.step(
+            list(grads),
+            trainable_variables,
+            step_hooks,
+            applied,
+            starts=not self._started_before,
+        )
 
     def _check_built_on(self, variables):
         """Refuses variables the optimizer was not built on."""
@@ -663,6 +673,19 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 still counts. None: it applied.
         """
         self._engine.apply_commit(commit, list(var_list), step_hooks, applied)
+
+    @contextlib.contextmanager
+    def started_before_steps(self):
+        """A context in which the steps traced leave out the first step's
+        copy of the model into the centers (a conditional every step, which
+        a GPU pays as a copy of every center). Whoever runs those steps
+        calls `start_from_model` before the first of them, as keras_clones
+        does in `fit` and `train_on_batch` under Keras's JAX trainer."""
+        self._started_before += 1
+        try:
+            yield
+        finally:
+            self._started_before -= 1
 
     @contextlib.contextmanager
     def commits_around_execution(self):

@@ -29,6 +29,10 @@ is (or wraps) an `AGNOptimizer`, `fit`:
   runs on every process as `backup.ProcessBackup`: process 0 writes
   Keras's backup, each process its own state beside it.
 
+In one process as across them, `fit` and `train_on_batch` with an
+`AGNOptimizer` copy the model into its centers before their first step
+rather than in every step (`keras_clones.first_step`).
+
 `_keras_internals.install_jax_trainer_overrides` puts these functions in
 Keras's `JAXTrainer`; each calls Keras's own where it does not act.
 """
@@ -41,6 +45,7 @@ import jax
 import keras
 
 from keras_clones import _keras_internals as internals
+from keras_clones import first_step
 from keras_clones import gradients
 from keras_clones.jax_processes import backup
 from keras_clones.jax_processes import train_function
@@ -247,31 +252,47 @@ def own_writer(callback, workers):
 
 
 def fit(keras_fit, model, *args, **kwargs):
-    """Keras's `fit` (`keras_fit`), across JAX processes where it acts."""
+    """Keras's `fit` (`keras_fit`): across JAX processes where it acts, and
+    with an `AGNOptimizer`'s first step started before the steps
+    (`first_step`)."""
     check_processes_started()
-    if model.optimizer is None or not across_processes(model):
+    if model.optimizer is None:
+        return keras_fit(model, *args, **kwargs)
+    across = across_processes(model)
+    optimizer = first_step.optimizer_of(model)
+    if optimizer is None:
         return keras_fit(model, *args, **kwargs)
     arguments = inspect.signature(keras_fit).bind(model, *args, **kwargs)
     arguments.apply_defaults()
     options = arguments.arguments
+    callbacks = options["callbacks"]
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        if across:
+            raise TypeError(
+                "Across JAX processes `fit` takes a list of callbacks, not a "
+                "`keras.callbacks.CallbackList`: it adds one of its own."
+            )
+        return keras_fit(model, *args, **kwargs)  # Its steps start it.
+    callbacks = list(callbacks or [])
+    if across:
+        callbacks = _across(model, options, callbacks)
+    options["callbacks"] = [*callbacks, first_step.StartBeforeSteps(optimizer)]
+    with optimizer.started_before_steps():
+        return keras_fit(*arguments.args, **arguments.kwargs)
+
+
+def _across(model, options, callbacks):
+    """`fit`'s callbacks across processes (`options` are its arguments)."""
     own = workers()
     _ACROSS.add(model)
     if options["verbose"] == "auto" and not own.is_chief:
         options["verbose"] = 0
-    callbacks = options["callbacks"]
-    if isinstance(callbacks, keras.callbacks.CallbackList):
-        raise TypeError(
-            "Across JAX processes `fit` takes a list of callbacks, not a "
-            "`keras.callbacks.CallbackList`: it adds one of its own."
-        )
     callbacks = [
         backup.for_this_process(callback, own)
-        for callback in callbacks or []
+        for callback in callbacks
         if own_writer(callback, own)
     ]
-    agreement = ProcessAgreement(own, model, _rows(options["x"]))
-    options["callbacks"] = [*callbacks, agreement]
-    return keras_fit(*arguments.args, **arguments.kwargs)
+    return [*callbacks, ProcessAgreement(own, model, _rows(options["x"]))]
 
 
 def jax_state_sync(keras_sync, model):
@@ -338,7 +359,8 @@ def save(keras_save, model, *args, **kwargs):
 
 
 def train_on_batch(keras_train_on_batch, model, *args, **kwargs):
-    """Keras's `train_on_batch`, refused across processes."""
+    """Keras's `train_on_batch`, refused across processes, with an
+    `AGNOptimizer`'s first step started before the step (`first_step`)."""
     check_processes_started()
     if model.optimizer is not None and across_processes(model):
         raise NotImplementedError(
@@ -346,7 +368,8 @@ def train_on_batch(keras_train_on_batch, model, *args, **kwargs):
             "AGNOptimizer: its steps would not be agreed. Use `fit` (with "
             "`steps_per_epoch` for a few steps)."
         )
-    return keras_train_on_batch(model, *args, **kwargs)
+    with first_step.started(model):
+        return keras_train_on_batch(model, *args, **kwargs)
 
 
 # What stands in for each of Keras's methods that keras_clones overrides on
