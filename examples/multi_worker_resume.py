@@ -121,9 +121,19 @@ def said(output, *marks):
 
 def main(work):
     uninterrupted, restarted = work / "uninterrupted", work / "restarted"
+    print(
+        f"1/2: training {EPOCHS} epochs on 2 workers, uninterrupted (about "
+        "30 s)...",
+        flush=True,
+    )
     code, output = launch(uninterrupted)
     if code:
         sys.exit(f"The uninterrupted run failed:\n{output[-3000:]}")
+    print(
+        f"2/2: the same, worker 1 killed at optimizer step {KILL_AT_STEP} "
+        "and the launch restarted from the backup (about 40 s)...",
+        flush=True,
+    )
     code, output = launch(
         restarted, "--kill-at-step", str(KILL_AT_STEP), restarts=1
     )

@@ -75,12 +75,28 @@ _LOG_LINE = re.compile(
 _PER_REPLICA = re.compile(
     r"(?:[A-Za-z_]\w*\.)*\w+: Attempt to convert a value \(PerReplica:"
 )
+_USE_CLONE_MODEL = (
+    "use a keras_clones.CloneModel: model = keras_clones.CloneModel(inputs, "
+    "outputs) instead of keras.Model(inputs, outputs), or subclass "
+    "keras_clones.CloneModel instead of keras.Model)"
+)
 _PER_REPLICA_HINT = (
     "(hint: Keras 3 cannot train a plain keras.Model across workers, "
-    "keras-team/keras#20585; use a keras_clones.CloneModel: "
-    "model = keras_clones.CloneModel(inputs, outputs) instead of "
-    "keras.Model(inputs, outputs), or subclass keras_clones.CloneModel "
-    "instead of keras.Model)"
+    f"keras-team/keras#20585; {_USE_CLONE_MODEL}"
+)
+# A plain keras.Model's `fit` under ParameterServerStrategy (the coordinator
+# of `--ps`) fails with this message.
+_PER_WORKER_DATASET = re.compile(
+    r"(?:[A-Za-z_]\w*\.)*\w+: To use this dataset, you need to pass this "
+    r"dataset to ClusterCoordinator\.create_per_worker_dataset"
+)
+_PER_WORKER_DATASET_HINT = (
+    "(hint: Keras 3's fit of a plain keras.Model does not make the "
+    f"per-worker datasets of parameter-server training; {_USE_CLONE_MODEL}"
+)
+_HINTS = (
+    (_PER_REPLICA, _PER_REPLICA_HINT),
+    (_PER_WORKER_DATASET, _PER_WORKER_DATASET_HINT),
 )
 
 _EPILOG = """\
@@ -264,6 +280,12 @@ def launch(
             f"Received: max_restarts={max_restarts!r}."
         )
     _check_min_workers(min_workers, workers, max_restarts, ps)
+    if restart_workers and max_restarts:
+        raise ValueError(
+            "`restart_workers=True` restarts parameter-server workers without "
+            f"a limit, `max_restarts={max_restarts}` with one: pass one of "
+            "them."
+        )
     if ps and keras_backend() == "jax":
         raise ValueError(
             "Parameter servers (`ps`) run on Keras's TensorFlow backend, but "
@@ -305,8 +327,9 @@ def launch(
         restarts.append(_Restart(run, workers))
         index, code = run.failed[0]
         _log(
-            f"starting {workers} workers again (restart {attempt + 1} of "
-            f"{max_restarts}) after worker {index} {_failure(code)}.",
+            f"starting {_count(workers, 'worker')} again (restart "
+            f"{attempt + 1} of {max_restarts}) after worker {index} "
+            f"{_failure(code)}.",
             lock,
         )
     for number, restart in enumerate(restarts, 1):
@@ -331,7 +354,8 @@ def _workers_after(run, workers, min_workers, max_restarts, failures, lock):
         return workers
     _log(
         f"worker {index} failed to start {failures[index]} times in a row: "
-        f"going on with {workers - 1} workers (--min-workers {min_workers}).",
+        f"going on with {_count(workers - 1, 'worker')} (--min-workers "
+        f"{min_workers}).",
         lock,
     )
     failures.clear()
@@ -439,8 +463,8 @@ class _Restart:
             said += f": {self.error_line[:_MAX_ERROR_LINE]}"
         if self.workers_after < self.workers_before:
             said += (
-                f"; it failed to start in a row, so {self.workers_after} "
-                "workers went on"
+                "; it failed to start in a row, so "
+                f"{_count(self.workers_after, 'worker')} went on"
             )
         run = self.next_run
         if run is None or run.first_step_at is None:
@@ -539,6 +563,8 @@ def launch_parameter_servers(
     for task, code in failed:
         line = error_lines[task].line
         detail = f": {line[:_MAX_ERROR_LINE]}" if line else ""
+        hint = error_lines[task].hint
+        detail += f" {hint}" if hint else ""
         _log(f"summary: {names[task]} {_failure(code)}{detail}", lock)
     return exit_code
 
@@ -564,12 +590,13 @@ def _wait_parameter_servers(processes, names, grace_period, lock, restart):
                     del processes[task]
                 _log(message + ".", lock)
             elif deadline is None:
-                _log(
-                    f"{names[task]} {_failure(code)}; the coordinator has "
-                    f"{grace_period:g} s to exit before everything is "
-                    "stopped.",
-                    lock,
+                then = (
+                    f"the coordinator has {grace_period:g} s to exit before "
+                    "everything is stopped"
+                    if grace_period > 0
+                    else "everything is stopped at once (--grace-period 0)"
                 )
+                _log(f"{names[task]} {_failure(code)}; {then}.", lock)
                 failed.append((task, code))
                 exit_code = code if code > 0 else 128 - code
                 deadline = time.monotonic() + grace_period
@@ -681,14 +708,20 @@ class _ErrorLine:
     def hint(self):
         """What to do about a known error, or None."""
         first_line = self._exception_line or self._first_error_line
-        if first_line and _PER_REPLICA.match(first_line):
-            return _PER_REPLICA_HINT
+        for pattern, hint in _HINTS if first_line else ():
+            if pattern.match(first_line):
+                return hint
         return None
 
 
 def _log(message, lock):
     with lock:
         print(f"keras_clones.launch: {message}", file=sys.stderr, flush=True)
+
+
+def _count(number, noun):
+    """`number` of `noun`: "1 worker", "2 workers"."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _failure(code):
@@ -745,6 +778,9 @@ def _wait(processes, grace_period, lock, failed):
                         message += (
                             f"; the other workers have {grace_period:g} s "
                             "to exit before they are stopped"
+                            if grace_period > 0
+                            else "; the other workers are stopped at once "
+                            "(--grace-period 0)"
                         )
                 _log(message + ".", lock)
         if not running:
@@ -872,6 +908,12 @@ def main(argv=None):
     if options.restart_workers and not options.ps:
         parser.error(
             "--restart-workers needs --ps; across workers use --max-restarts"
+        )
+    if options.restart_workers and options.max_restarts:
+        parser.error(
+            "--restart-workers restarts parameter-server workers without a "
+            f"limit, --max-restarts {options.max_restarts} with one: pass "
+            "one of them"
         )
     if options.max_restarts < 0:
         parser.error(

@@ -83,6 +83,7 @@ def test_the_multi_worker_example_resumes_a_killed_worker_as_the_same_run(
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     out = result.stdout
+    assert out.startswith("1/2: training 4 epochs on 2 workers"), out
     assert "under --max-restarts 1: the launch exits with code 0" in out, out
     assert "keras_clones.launch: worker 1 was killed by SIGKILL" in out, out
     assert (

@@ -179,6 +179,18 @@ def test_a_worker_that_ignores_sigterm_is_killed(tmp_path, capsys, monkeypatch):
         (["--ps", "-1", "{script}"], "--ps must be non-negative"),
         (["--restart-workers", "{script}"], "--restart-workers needs --ps"),
         (["--max-restarts", "-1", "{script}"], "--max-restarts must be non"),
+        (
+            [
+                "--ps",
+                "1",
+                "--max-restarts",
+                "1",
+                "--restart-workers",
+                "{script}",
+            ],
+            "--restart-workers restarts parameter-server workers without a "
+            "limit, --max-restarts 1 with one: pass one of them",
+        ),
     ],
 )
 def test_command_line_errors(tmp_path, capsys, argv, message):
@@ -198,6 +210,8 @@ def test_launch_checks_its_arguments(tmp_path):
         launch(script, workers=0)
     with pytest.raises(ValueError, match="non-negative"):
         launch(script, grace_period=-1)
+    with pytest.raises(ValueError, match="pass one of them"):
+        launch(script, ps=1, max_restarts=1, restart_workers=True)
     with pytest.raises(FileNotFoundError, match="missing.py"):
         launch(str(tmp_path / "missing.py"))
     with pytest.raises(ValueError, match="`ps` must be non-negative"):
@@ -586,6 +600,23 @@ def test_the_summary_tells_how_to_train_a_plain_keras_model_across_workers(
     ]
 
 
+def test_the_summary_tells_how_to_train_a_plain_keras_model_under_ps(capsys):
+    message = (
+        "ValueError: To use this dataset, you need to pass this dataset to "
+        "ClusterCoordinator.create_per_worker_dataset."
+    )
+    summarized(["Traceback (most recent call last):", message])
+
+    assert summary(capsys.readouterr().err) == [
+        f"worker 1 exited with code 1: {message} (hint: Keras 3's fit of a "
+        "plain keras.Model does not make the per-worker datasets of "
+        "parameter-server training; use a keras_clones.CloneModel: "
+        "model = keras_clones.CloneModel(inputs, outputs) instead of "
+        "keras.Model(inputs, outputs), or subclass keras_clones.CloneModel "
+        "instead of keras.Model)"
+    ]
+
+
 @pytest.mark.parametrize(
     "message",
     [
@@ -896,13 +927,13 @@ def test_a_worker_that_fails_to_start_is_left_out_down_to_min_workers(
     out, err = capsys.readouterr()
     assert "starting 2 workers again (restart 1 of 2)" in err
     assert (
-        "worker 1 failed to start 2 times in a row: going on with 1 workers "
+        "worker 1 failed to start 2 times in a row: going on with 1 worker "
         "(--min-workers 1)." in err
     )
-    assert "starting 1 workers again (restart 2 of 2)" in err
+    assert "starting 1 worker again (restart 2 of 2)" in err
     assert re.search(
         r"summary: restart 2 of 2: worker 1 exited with code 1; it failed to "
-        r"start in a row, so 1 workers went on; training again [0-9.]+ s "
+        r"start in a row, so 1 worker went on; training again [0-9.]+ s "
         r"after its death",
         err,
     ), err

@@ -291,7 +291,9 @@ def test_keras_clones_imports_without_tensorflow_and_names_what_needs_it():
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(
         "ImportError: `keras_clones.CloneModel` needs the TensorFlow backend "
-        "of Keras, but Keras is set to the 'jax' backend."
+        "of Keras, but Keras is set to the 'jax' backend. To use it, install "
+        'TensorFlow (`pip install "keras_clones[tensorflow]"`), then set '
+        "the environment variable KERAS_BACKEND=tensorflow"
     )
     with pytest.raises(ImportError):
         import tensorflow  # noqa: F401  (This venv has none.)
@@ -586,3 +588,18 @@ def test_only_steps_traced_outside_fit_and_train_on_batch_copy_the_model_in(
     variable = keras.Variable(np.ones(3, "float32"))
     run_stateless(optimizer, variable, [np.ones(3)])
     assert traced == [1]
+
+
+def test_inf_nan_check_on_a_model_without_agn_names_the_fix_that_runs_on_jax():
+    from keras_clones.callbacks import InfNanCheck
+
+    x, y = digits_like_data()
+    model = mlp()
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    with pytest.raises(ValueError) as raised:
+        model.fit(x, y, batch_size=BATCH, callbacks=[InfNanCheck()], verbose=0)
+    message = str(raised.value)
+    assert (
+        "Compile it with `optimizer=keras_clones.AGNOptimizer(...)`" in message
+    )
+    assert "CloneModel" not in message  # TensorFlow's alone.

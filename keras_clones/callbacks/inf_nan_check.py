@@ -113,12 +113,19 @@ def _step_hooks(model):
     if hooks is not None:
         return hooks
     optimizer = model.optimizer
+    if ON_TENSORFLOW:
+        checked = (
+            "a `keras_clones.CloneModel`, or of a model compiled with "
+            "`keras_clones.AGNOptimizer`"
+        )
+        fix = "Train it as `CloneModel(model.inputs, model.outputs)`"
+    else:  # CloneModel runs on TensorFlow alone.
+        checked = "a model compiled with `keras_clones.AGNOptimizer`"
+        fix = "Compile it with `optimizer=keras_clones.AGNOptimizer(...)`"
     raise ValueError(
-        "InfNanCheck checks the gradients inside the training step of a "
-        "`keras_clones.CloneModel`, or of a model compiled with "
-        "`keras_clones.AGNOptimizer`; this is a "
-        f"{type(model).__name__} compiled with {type(optimizer).__name__}. "
-        "Train it as `CloneModel(model.inputs, model.outputs)`, or use "
+        f"InfNanCheck checks the gradients inside the training step of "
+        f"{checked}; this is a {type(model).__name__} compiled with "
+        f"{type(optimizer).__name__}. {fix}, or use "
         "`keras.callbacks.TerminateOnNaN`, which looks at the loss only."
     )
 

@@ -73,7 +73,7 @@ def run_as_worker(model, method, args, kwargs):
             )
             return method(*bound.args, **bound.kwargs)
     except _LOST_WORKER_ERRORS as e:
-        raise type(e)(e.node_def, e.op, _lost_worker_message(e)) from e
+        raise type(e)(e.node_def, e.op, _lost_worker_message(e)) from None
 
 
 def _chiefs(strategy, callbacks):

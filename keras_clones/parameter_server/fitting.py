@@ -96,7 +96,7 @@ def fit(model, fit_method, args, kwargs, in_flight_per_worker=1):
     except tf.errors.UnavailableError as e:
         # `ClusterCoordinator` runs a lost worker's work elsewhere; what
         # reaches here is a lost parameter server.
-        raise type(e)(e.node_def, e.op, _LOST_PS_MESSAGE + e.message) from e
+        raise type(e)(e.node_def, e.op, _LOST_PS_MESSAGE + e.message) from None
     if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
         model.optimizer.finalize_variable_values(model.trainable_weights)
     callbacks.on_train_end(logs=epoch_logs)
