@@ -39,6 +39,7 @@ __all__ = [
     "OVERRIDDEN_PRIVATE_METHODS",
     "assert_compiled",
     "backup_metadata",
+    "backup_metadata_path",
     "TensorFlowTrainer",
     "built_variables",
     "call_has_training_arg",
@@ -184,10 +185,15 @@ def called_by_fit(callbacks):
     return isinstance(callbacks, keras.callbacks.CallbackList)
 
 
+def backup_metadata_path(callback):
+    """Where a `BackupAndRestore` writes its metadata."""
+    return callback._training_metadata_path
+
+
 def backup_metadata(callback):
     """What a `BackupAndRestore` wrote beside its weights (`epoch`, `batch`),
     or None where it has no backup."""
-    path = callback._training_metadata_path
+    path = backup_metadata_path(callback)
     if not file_utils.exists(path):
         return None
     with file_utils.File(path) as f:

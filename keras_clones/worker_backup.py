@@ -25,6 +25,7 @@ import json
 import os
 import re
 import warnings
+import zipfile
 
 import keras
 import numpy as np
@@ -135,6 +136,19 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         self._resumed = False
         self._first_step = True
 
+    def on_train_begin(self, logs=None):
+        # Checked now, not at the first save an epoch later.
+        try:
+            _files.makedirs(self.state_dir)
+        except Exception as error:  # OSError, or TensorFlow's file errors.
+            raise ValueError(
+                "`BackupAndRestore` cannot write its backup in "
+                f"{self.shared_dir!r}: making {self.state_dir!r} failed "
+                f"({type(error).__name__}: {error}). Pass a `backup_dir` that "
+                "every worker can create and write."
+            ) from None
+        super().on_train_begin(logs)
+
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         super().on_epoch_begin(epoch, logs)
@@ -216,8 +230,25 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
     # Restoring.
 
     def _load_model(self):
-        super()._load_model()
-        metadata = internals.backup_metadata(self)
+        try:
+            super()._load_model()
+            metadata = internals.backup_metadata(self)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                self._unreadable(
+                    internals.backup_metadata_path(self), "not JSON", error
+                )
+            ) from None
+        except ValueError as error:
+            if "could not be loaded" not in str(error):
+                raise
+            raise ValueError(
+                f"The backup in {self.shared_dir!r} was made by another model "
+                "or optimizer: its variables do not match this model's (Keras "
+                f"said: {str(error).splitlines()[0]}). Resume with the model "
+                "and optimizer the backup was made with, or remove the "
+                "directory to start training over."
+            ) from None
         if metadata is None:
             return  # Nothing was backed up: training starts.
         step = int(self.model.optimizer.iterations.numpy())
@@ -284,9 +315,14 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
     def _read_own(self, path, metadata):
         """This worker's saved `(kinds, arrays)`, checked against the
         position Keras restored."""
-        with _files.File(path, "rb") as f:
-            saved = dict(np.load(io.BytesIO(f.read())))
-        stamp = json.loads(str(saved["stamp"]))
+        try:
+            with _files.File(path, "rb") as f:
+                saved = dict(np.load(io.BytesIO(f.read())))
+            stamp = json.loads(str(saved["stamp"]))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+            raise ValueError(
+                self._unreadable(path, "not a worker's state", error)
+            ) from None
         if stamp["epoch"] != metadata["epoch"]:
             raise ValueError(
                 self._incomplete(
@@ -297,6 +333,14 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
             )
         kinds = [str(k) for k in saved.get("kinds", ())]
         return kinds, [saved[f"state_{i}"] for i in range(len(kinds))]
+
+    def _unreadable(self, path, what, error):
+        return (
+            f"The backup in {self.shared_dir!r} cannot be read: {path!r} is "
+            f"{what} ({type(error).__name__}: {error}), perhaps cut short by a "
+            "crash or changed by hand. Restore the directory as it was saved, "
+            "or remove it to start training over."
+        )
 
     def _incomplete(self, step, found):
         return (
@@ -317,10 +361,10 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         )
         if before is None:
             return (
-                f"{where}, made without worker stamps; on {self.workers} "
-                "workers, each from the chief's state."
+                f"{where}, made without worker stamps; on "
+                f"{_count(self.workers)}, each from the chief's state."
             )
-        what = f"{where}, made on {before} workers, resumed on {self.workers}"
+        what = f"{where}, made on {_count(before)}, resumed on {self.workers}"
         if agn is None:
             return f"{what}."
         kept = min(before, self.workers)
@@ -348,6 +392,11 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
                 )
             )
         return f"{what}: {'; '.join(said)}."
+
+
+def _count(workers):
+    """`workers` workers: "1 worker", "2 workers"."""
+    return f"{workers} worker{'' if workers == 1 else 's'}"
 
 
 def _workers(first, end, one, several):

@@ -4,6 +4,8 @@ import importlib
 import pathlib
 import re
 
+import pytest
+
 ROOT = pathlib.Path(__file__).parent.parent
 
 
@@ -22,6 +24,7 @@ def test_agn_matches_synchronous_accuracy_on_digits(monkeypatch, tmp_path):
     assert output.read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow_bench  # 16-18 s: `make test-bench`.
 def test_bench_agn_quick_prints_ratios_and_memory(run_bench_quick):
     out = run_bench_quick("agn", timeout=120)
     for period in (1, 10, 100):

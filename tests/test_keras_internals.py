@@ -226,6 +226,8 @@ def test_initial_epoch_is_where_backup_and_restore_resumes(tmp_path):
             x, y, epochs=3, verbose=0, callbacks=[backup, InterruptAtEpoch(1)]
         )
     assert internals.backup_metadata(backup) == {"epoch": 1, "batch": 0}
+    path = internals.backup_metadata_path(backup)
+    assert path == str(tmp_path / "training_metadata.json")
     resumed = compiled_model()
     history = resumed.fit(x, y, epochs=3, verbose=0, callbacks=[backup])
     assert internals.initial_epoch(resumed) == 1

@@ -83,7 +83,7 @@ def test_the_resume_says_what_it_restored(tmp_path, capsys):
     fit(agn_model(), backup(tmp_path), epochs=3)
     assert (
         f"keras_clones: resumed from the backup in {str(tmp_path)!r} at "
-        "epoch 3 (optimizer step 6), made on 1 workers, resumed on 1: "
+        "epoch 3 (optimizer step 6), made on 1 worker, resumed on 1: "
         "worker 0 keeps its own state."
     ) in capsys.readouterr().out
 
@@ -297,7 +297,7 @@ def test_a_corrupt_backup_falls_back_to_the_previous_with_its_own_state(
     resumed = agn_model()
     fit(resumed, double(), epochs=2)
     assert (
-        "at epoch 2 (optimizer step 3), made on 1 workers, resumed on 1"
+        "at epoch 2 (optimizer step 3), made on 1 worker, resumed on 1"
         in capsys.readouterr().out
     )
     assert int(resumed.optimizer.iterations) == 6
@@ -365,3 +365,72 @@ def test_without_agn_only_the_chiefs_stamp_is_needed(tmp_path, capsys):
         fit(sgd_model(), backup(tmp_path, workers=2), InterruptAtEpoch(2))
     fit(sgd_model(), backup(tmp_path, workers=2), epochs=3)
     assert "made on 2 workers, resumed on 2." in capsys.readouterr().out
+
+
+def test_a_backup_directory_that_cannot_be_made_is_refused_before_training(
+    tmp_path,
+):
+    # Under a file: Keras's own save would fail only after the first epoch.
+    (tmp_path / "a_file").write_text("")
+    directory = tmp_path / "a_file" / "backup"
+    model = agn_model()
+    with pytest.raises(ValueError) as raised:
+        fit(model, backup(directory))
+    assert str(raised.value).startswith(
+        f"`BackupAndRestore` cannot write its backup in {str(directory)!r}: "
+        "making "
+    )
+    assert "Pass a `backup_dir` that every worker can create" in str(
+        raised.value
+    )
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+def interrupted_backup(directory):
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(agn_model(), backup(directory), InterruptAtEpoch(2))
+
+
+def test_unreadable_metadata_is_named_with_what_to_do(tmp_path):
+    interrupted_backup(tmp_path)
+    path = tmp_path / "training_metadata.json"
+    path.write_text('{"epoch": 2, "ba')  # Cut short.
+    with pytest.raises(ValueError) as raised:
+        fit(agn_model(), backup(tmp_path))
+    message = str(raised.value)
+    assert message.startswith(
+        f"The backup in {str(tmp_path)!r} cannot be read: {str(path)!r} is "
+        "not JSON (JSONDecodeError: "
+    )
+    assert message.endswith("or remove it to start training over.")
+
+
+def test_a_workers_file_cut_short_is_named_with_what_to_do(tmp_path):
+    interrupted_backup(tmp_path)
+    path = tmp_path / STATE_DIRECTORY / "step_6.worker_0_of_1.npz"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ValueError) as raised:
+        fit(agn_model(), backup(tmp_path))
+    assert str(raised.value).startswith(
+        f"The backup in {str(tmp_path)!r} cannot be read: {str(path)!r} is "
+        "not a worker's state (BadZipFile: "
+    )
+
+
+def test_a_backup_of_another_model_says_so_in_one_line(tmp_path):
+    interrupted_backup(tmp_path)
+    keras.utils.set_random_seed(1)
+    other = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(5), keras.layers.Dense(3)]
+    )
+    other.compile(
+        keras_clones.AGNOptimizer(keras.optimizers.AdamW(0.01), 4), "mse"
+    )
+    with pytest.raises(ValueError) as raised:
+        fit(other, backup(tmp_path))
+    message = str(raised.value)
+    assert message.startswith(
+        f"The backup in {str(tmp_path)!r} was made by another model or "
+        "optimizer: its variables do not match this model's (Keras said: "
+    )
+    assert "\n" not in message
