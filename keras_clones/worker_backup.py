@@ -37,6 +37,10 @@ from keras_clones._tensorflow import tf
 from keras_clones.agn import AGNOptimizer
 
 STATE_DIRECTORY = "keras_clones_workers"
+# The chief's mark, beside Keras's files, that the backup was made across
+# workers: without it, a backup without `STATE_DIRECTORY` is one made in one
+# process (or by an older keras_clones), resumed from the chief's state.
+MARK = "keras_clones_workers.json"
 # What the chief prints at its first step: after a resume, and otherwise
 # (the launcher reads them: `keras_clones.launch._TRAINING`).
 TRAINING = "keras_clones: training"
@@ -93,6 +97,7 @@ class _TensorFlowFiles:
     """`tf.io.gfile`'s, which also reach remote file systems."""
 
     makedirs = staticmethod(lambda path: tf.io.gfile.makedirs(path))
+    exists = staticmethod(lambda path: tf.io.gfile.exists(path))
     isdir = staticmethod(lambda path: tf.io.gfile.isdir(path))
     listdir = staticmethod(lambda path: tf.io.gfile.listdir(path))
     remove = staticmethod(lambda path: tf.io.gfile.remove(path))
@@ -133,6 +138,7 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         self.workers = workers
         self.is_chief = is_chief
         self._epoch = 0
+        self._changes = []  # What changed since the backup, said at resume.
         self._resumed = False
         self._first_step = True
 
@@ -173,6 +179,8 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         step = int(self.model.optimizer.iterations.numpy())
         self._write_own(step)
         self.after_own_state()
+        if self.is_chief:
+            self._write(MARK, json.dumps({"workers": self.workers}).encode())
         if self.writes_keras_backup:
             super()._save_model()
         if self.is_chief:
@@ -186,21 +194,26 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
 
     def _write_own(self, step):
         stamp = {"step": step, "epoch": self._epoch, "workers": self.workers}
-        arrays = {"stamp": np.array(json.dumps(stamp))}
         agn = agn_optimizer(self.model.optimizer)
+        if agn is not None:
+            stamp.update(_rule(agn))
+        arrays = {"stamp": np.array(json.dumps(stamp))}
         if agn is not None:
             kinds, values = agn.worker_state()
             arrays["kinds"] = np.array(kinds)
             arrays.update({f"state_{i}": v for i, v in enumerate(values)})
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
-        _files.makedirs(self.state_dir)
-        path = os.path.join(
-            self.state_dir,
-            f"step_{step}.worker_{self.worker}_of_{self.workers}.npz",
-        )
+        name = f"step_{step}.worker_{self.worker}_of_{self.workers}.npz"
+        self._write(os.path.join(STATE_DIRECTORY, name), buffer.getvalue())
+
+    def _write(self, name, data):
+        """Writes `data` (bytes) to `name` in the backup directory, whole or
+        not at all."""
+        path = os.path.join(self.shared_dir, name)
+        _files.makedirs(os.path.dirname(path))
         with _files.File(f"{path}.tmp", "wb") as f:
-            f.write(buffer.getvalue())
+            f.write(data)
         _files.replace(f"{path}.tmp", path)
 
     def _saved(self):
@@ -258,7 +271,9 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         if agn is not None and before is not None:
             kinds = arrays = None
             if self.worker < before:
-                kinds, arrays = self._read_own(files[self.worker][1], metadata)
+                kinds, arrays = self._read_own(
+                    files[self.worker][1], metadata, agn
+                )
             agn.restore_worker_state(kinds, arrays, before)
         self._resumed = True
         if self.is_chief:
@@ -291,6 +306,14 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
                 )
             if self._saved():
                 raise ValueError(self._incomplete(step, "no worker's file"))
+            if _files.exists(os.path.join(self.shared_dir, MARK)):
+                raise ValueError(
+                    f"The backup in {self.shared_dir!r} was made across "
+                    f"workers ({MARK}), but it has no {STATE_DIRECTORY}/ "
+                    "files, which hold each worker's own state. Restore the "
+                    "directory as it was saved, or remove it to start "
+                    "training over."
+                )
             return None
         workers = {w for w, _ in files.values()}
         if len(workers) > 1:
@@ -312,9 +335,9 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
             )
         return before
 
-    def _read_own(self, path, metadata):
+    def _read_own(self, path, metadata, agn):
         """This worker's saved `(kinds, arrays)`, checked against the
-        position Keras restored."""
+        position Keras restored and against `agn`'s rule and period."""
         try:
             with _files.File(path, "rb") as f:
                 saved = dict(np.load(io.BytesIO(f.read())))
@@ -331,8 +354,45 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
                     f"the weights' epoch being {metadata['epoch']}",
                 )
             )
+        self._changes = self._check_rule(stamp, agn)
         kinds = [str(k) for k in saved.get("kinds", ())]
         return kinds, [saved[f"state_{i}"] for i in range(len(kinds))]
+
+    def _check_rule(self, stamp, agn):
+        """What changed in `agn`'s rule and period since the backup whose
+        worker file has `stamp` (older backups record neither): another
+        rule, or another period in the middle of a period, is refused;
+        another period at a period's end is said at the resume."""
+        now = _rule(agn)
+        old = {key: stamp[key] for key in now if key in stamp}
+        rule = ("commit", "normalize")
+        if any(old.get(key, now[key]) != now[key] for key in rule):
+            raise ValueError(
+                f"The backup in {self.shared_dir!r} was made with "
+                f"{_said(old, rule)}, and this AGNOptimizer has "
+                f"{_said(now, rule)}: a period's state means another thing "
+                "under each rule. Resume with the backup's, or remove the "
+                "directory to start training over."
+            )
+        period = old.get("communication_period", agn.communication_period)
+        if period == agn.communication_period:
+            return []
+        step = int(keras.ops.convert_to_numpy(agn.local_step))
+        if step % period or agn.fragments > 1 or agn.overlap:
+            raise ValueError(
+                f"The backup in {self.shared_dir!r} was made with "
+                f"communication_period={period} at local step {step}, and "
+                "this AGNOptimizer has communication_period="
+                f"{agn.communication_period}. The period can change only "
+                "where one ends, with one fragment and no overlap (a local "
+                f"step that divides by {period}). Resume with "
+                f"communication_period={period}, or remove the directory to "
+                "start training over."
+            )
+        return [
+            f"communication_period is now {agn.communication_period} (it "
+            f"was {period})"
+        ]
 
     def _unreadable(self, path, what, error):
         return (
@@ -391,7 +451,20 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
                     "what {} did since their period began is not committed",
                 )
             )
-        return f"{what}: {'; '.join(said)}."
+        return f"{what}: {'; '.join(said + self._changes)}."
+
+
+def _rule(agn):
+    """What a worker's stamp records of `agn`: its rule and period."""
+    return {
+        "commit": agn.commit,
+        "normalize": bool(agn.normalize),
+        "communication_period": int(agn.communication_period),
+    }
+
+
+def _said(values, keys):
+    return ", ".join(f"{key}={values[key]!r}" for key in keys)
 
 
 def _count(workers):

@@ -5,6 +5,7 @@ global batch. The runs across processes are in tests/test_multi_worker.py.
 """
 
 import os
+import shutil
 import types
 
 import keras
@@ -434,3 +435,71 @@ def test_a_backup_of_another_model_says_so_in_one_line(tmp_path):
         "optimizer: its variables do not match this model's (Keras said: "
     )
     assert "\n" not in message
+
+
+def test_another_rule_is_refused_at_a_resume(tmp_path):
+    interrupted_backup(tmp_path)
+    with pytest.raises(ValueError) as raised:
+        fit(agn_model(normalize=False), backup(tmp_path))
+    assert str(raised.value).startswith(
+        f"The backup in {str(tmp_path)!r} was made with commit='gradients', "
+        "normalize=True, and this AGNOptimizer has commit='gradients', "
+        "normalize=False: "
+    )
+
+
+def test_another_period_in_the_middle_of_a_period_is_refused(tmp_path):
+    interrupted_backup(tmp_path)  # Period 4, the backup at local step 6.
+    with pytest.raises(ValueError) as raised:
+        fit(agn_model(communication_period=2), backup(tmp_path))
+    assert str(raised.value).startswith(
+        f"The backup in {str(tmp_path)!r} was made with "
+        "communication_period=4 at local step 6, and this AGNOptimizer has "
+        "communication_period=2. The period can change only where one ends"
+    )
+
+
+def test_another_period_at_a_periods_end_resumes_and_says_so(tmp_path, capsys):
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(
+            agn_model(communication_period=3),
+            backup(tmp_path),
+            InterruptAtEpoch(2),
+        )
+    resumed = agn_model(communication_period=2)
+    fit(resumed, backup(tmp_path), epochs=3)
+    assert (
+        "made on 1 worker, resumed on 1: worker 0 keeps its own state; "
+        "communication_period is now 2 (it was 3)."
+    ) in capsys.readouterr().out
+    assert int(resumed.optimizer.communication_rounds.numpy()) == 2 + 1
+
+
+def test_a_backup_across_workers_without_its_workers_folder_is_refused(
+    tmp_path,
+):
+    # Unlike a backup made in one process, which resumes from the chief's
+    # state: the chief's mark says the workers' files belong there.
+    interrupted_backup(tmp_path)
+    shutil.rmtree(tmp_path / STATE_DIRECTORY)
+    with pytest.raises(ValueError) as raised:
+        fit(agn_model(), backup(tmp_path))
+    assert str(raised.value).startswith(
+        f"The backup in {str(tmp_path)!r} was made across workers "
+        "(keras_clones_workers.json), but it has no keras_clones_workers/ "
+        "files"
+    )
+
+
+def test_a_backup_made_in_one_process_resumes_from_the_chiefs_state(
+    tmp_path, capsys
+):
+    plain = keras.callbacks.BackupAndRestore(str(tmp_path))
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(agn_model(), plain, InterruptAtEpoch(2))
+    history = fit(agn_model(), backup(tmp_path))
+    assert len(history.epoch) == 3
+    assert (
+        "at epoch 3 (optimizer step 6), made without worker stamps; on 1 "
+        "worker, each from the chief's state."
+    ) in capsys.readouterr().out
