@@ -70,6 +70,20 @@ _LOG_LINE = re.compile(
     r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [DIWEF] "
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):"
 )
+# What TensorFlow and absl print below errors (absl's `I...`/`W...` lines,
+# TensorFlow's `... : I tensorflow/...`, absl's notice before its logging
+# starts), and the error every machine without CUDA prints at TensorFlow's
+# start: left out of what the launcher prints, unless `verbose`. Every other
+# error line stays, and every line still reaches the error-line watchers.
+_NOISE = re.compile(
+    r"[IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] "
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] "
+    r"|WARNING: All log messages before absl::InitializeLog\(\) is called "
+    r"|E\d{4} [\d:.]+ +\d+ cuda_\w+\.cc:\d+\] failed call to cuInit: "
+    # The second line of TensorFlow's CPU-instructions notice.
+    r"|To enable the following instructions: .* rebuild TensorFlow with the "
+    r"appropriate compiler flags\.$"
+)
 # A plain keras.Model trained across workers under
 # MultiWorkerMirroredStrategy fails with this message (keras-team/keras#20585).
 _PER_REPLICA = re.compile(
@@ -181,6 +195,7 @@ def launch(
     restart_workers=False,
     max_restarts=0,
     min_workers=None,
+    verbose=False,
 ):
     """Runs `script` as `workers` local workers and returns the exit code.
 
@@ -239,6 +254,9 @@ def launch(
             the restarts, so one worker at most is left out; the chief's
             first step is the line its `BackupAndRestore` prints. None:
             always all `workers`.
+        verbose: Whether the workers' TensorFlow and absl log lines below
+            errors (and the cuInit error of a machine without CUDA) are
+            printed too; by default they are left out.
 
     With `max_restarts`, a summary line also tells each restart: which
     worker failed and how, and how long after its death training went on
@@ -302,6 +320,7 @@ def launch(
             grace_period,
             restart_workers,
             max_restarts,
+            verbose=verbose,
         )
     if restart_workers:
         raise ValueError(
@@ -315,7 +334,7 @@ def launch(
     for attempt in range(max_restarts + 1):
         last = attempt == max_restarts
         # With a restart to come, the others are stopped at once.
-        run = _WorkerRun(script, args, workers, lock)
+        run = _WorkerRun(script, args, workers, lock, verbose)
         exit_code = run.wait(0.0 if not last else grace_period, not last)
         if restarts:
             restarts[-1].next_run = run
@@ -382,9 +401,10 @@ def _check_min_workers(min_workers, workers, max_restarts, ps):
 class _WorkerRun:
     """One start of the `workers` workers, on free ports."""
 
-    def __init__(self, script, args, workers, lock):
+    def __init__(self, script, args, workers, lock, verbose):
         cluster = [f"127.0.0.1:{port}" for port in free_ports(workers)]
         self.lock = lock
+        self._verbose = verbose
         self.processes = []
         self.failed = []  # `(index, returncode)`, in the order seen.
         self.failed_at = None  # When the first failure was seen.
@@ -416,7 +436,13 @@ class _WorkerRun:
                 if index == 0:
                     watchers.append(self._watch)
                 readers.append(
-                    _read(process, f"[worker {index}] ", self.lock, *watchers)
+                    _read(
+                        process,
+                        f"[worker {index}] ",
+                        self.lock,
+                        *watchers,
+                        verbose=self._verbose,
+                    )
                 )
             exit_code = _wait(
                 self.processes, grace_period, self.lock, self.failed
@@ -486,6 +512,7 @@ def launch_parameter_servers(
     grace_period=30.0,
     restart_workers=False,
     max_restarts=0,
+    verbose=False,
 ):
     """Runs `script` as the coordinator of `ps` parameter servers and
     `workers` workers on 127.0.0.1; returns the coordinator's exit code.
@@ -536,7 +563,13 @@ def launch_parameter_servers(
         def read(task):
             prefix = f"[{names[task]}] "
             readers.append(
-                _read(processes[task], prefix, lock, error_lines[task])
+                _read(
+                    processes[task],
+                    prefix,
+                    lock,
+                    error_lines[task],
+                    verbose=verbose,
+                )
             )
 
         for task in processes:
@@ -626,12 +659,12 @@ def _start(command, cluster, task):
     )
 
 
-def _read(process, prefix, lock, *watchers):
-    """A started thread printing `process`'s lines with `prefix`, each fed
-    to `watchers` first."""
+def _read(process, prefix, lock, *watchers, verbose=False):
+    """A started thread printing `process`'s lines with `prefix` (without
+    `_NOISE`, unless `verbose`), each fed to `watchers` first."""
     reader = threading.Thread(
         target=_print_lines,
-        args=(process.stdout, prefix, lock, watchers),
+        args=(process.stdout, prefix, lock, watchers, verbose),
         daemon=True,
     )
     reader.start()
@@ -648,12 +681,14 @@ def _die_with_parent():
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def _print_lines(stream, prefix, lock, watchers):
+def _print_lines(stream, prefix, lock, watchers, verbose):
     with stream:
         for line in stream:
             line = line.rstrip("\n")
             for watcher in watchers:
                 watcher.feed(line)
+            if not verbose and _NOISE.match(line):
+                continue
             with lock:
                 print(prefix + line, flush=True)
 
@@ -882,6 +917,15 @@ def main(argv=None):
             "(--max-restarts with no limit)"
         ),
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help=(
+            "also print the workers' TensorFlow and absl log lines below "
+            "errors, and the cuInit error of a machine without CUDA (left "
+            "out by default)"
+        ),
+    )
     parser.add_argument("script", help="the training script every worker runs")
     parser.add_argument(
         "args",
@@ -941,6 +985,7 @@ def main(argv=None):
         restart_workers=options.restart_workers,
         max_restarts=options.max_restarts,
         min_workers=options.min_workers,
+        verbose=options.verbose,
     )
 
 

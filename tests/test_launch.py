@@ -969,3 +969,45 @@ def test_min_workers_is_checked(tmp_path, options, message):
     script = write_script(tmp_path, "")
     with pytest.raises(ValueError, match=re.escape(message)):
         launch(script, workers=2, **options)
+
+
+TENSORFLOW_NOISE = [
+    "WARNING: All log messages before absl::InitializeLog() is called are "
+    "written to STDERR",
+    "I0000 00:00:1795779324.823057   19471 port.cc:153] oneDNN custom "
+    "operations are on.",
+    "W0000 00:00:1795779324.823442   19471 cudart_stub.cc:31] Could not find "
+    "cuda drivers on your machine, GPU will not be used.",
+    "E0000 00:00:1795779328.323753   19471 cuda_platform.cc:52] failed call "
+    "to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR "
+    "(303)",
+    "2026-11-27 10:00:00.123456: I tensorflow/core/platform/cpu_feature_"
+    "guard.cc:210] This TensorFlow binary is optimized",
+    "To enable the following instructions: AVX2 FMA, in other operations, "
+    "rebuild TensorFlow with the appropriate compiler flags.",
+]
+KEPT = [
+    "E0000 00:00:1795779328.323753   19471 collective_ops.cc:12] Collective "
+    "failed",
+    "epoch 1: loss 0.5",
+    "WARNING:absl:a Python warning",
+]
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_tensorflows_log_lines_below_errors_are_left_out_unless_verbose(
+    tmp_path, capsys, verbose
+):
+    script = write_script(
+        tmp_path,
+        f"""
+        for line in {TENSORFLOW_NOISE + KEPT!r}:
+            print(line)
+        """,
+    )
+
+    argv = ["--workers", "1", *(["--verbose"] if verbose else []), script]
+    assert main(argv) == 0
+
+    printed = worker_lines(capsys.readouterr().out, 0)
+    assert printed == (TENSORFLOW_NOISE + KEPT if verbose else KEPT)
