@@ -16,6 +16,7 @@ import time
 import pytest
 
 from keras_clones import launch as launch_module
+from keras_clones import worker_output
 from keras_clones.launch import launch
 from keras_clones.launch import main
 from keras_clones.ports import free_ports
@@ -565,7 +566,7 @@ def test_a_launch_that_succeeds_has_no_summary(tmp_path, capsys):
     ],
 )
 def test_the_error_line(lines, expected):
-    error_line = launch_module._ErrorLine()
+    error_line = worker_output.ErrorLine()
     for line in lines:
         error_line.feed(line)
     assert error_line.line == expected
@@ -573,7 +574,7 @@ def test_the_error_line(lines, expected):
 
 def summarized(lines, index=1, code=1):
     """The summary `_summarize` prints for a worker that printed `lines`."""
-    error_line = launch_module._ErrorLine()
+    error_line = worker_output.ErrorLine()
     for line in lines:
         error_line.feed(line)
     launch_module._summarize(
