@@ -148,20 +148,29 @@ def train(keras, args, data, seed):
         logits = h @ w[-2] + w[-1]
         return float((logits.argmax(axis=-1) == y_held_out).mean())
 
-    record = EpochRecord(keras, None if args.time else accuracy)
+    seconds, scores, started = [], [], []
+
+    def epoch_begins(epoch, logs):
+        started.append(time.perf_counter())
+
+    def epoch_ends(epoch, logs):
+        seconds.append(time.perf_counter() - started[-1])
+        if not args.time:  # Scored outside the clock.
+            scores.append(accuracy())
+
     mine = slice(jax.process_index() * ROWS, (jax.process_index() + 1) * ROWS)
     model.fit(
         batches(np, x_train, y_train, seed, mine),
         steps_per_epoch=steps,
         epochs=args.epochs,
-        callbacks=[record.callback],
+        callbacks=[
+            keras.callbacks.LambdaCallback(
+                on_epoch_begin=epoch_begins, on_epoch_end=epoch_ends
+            )
+        ],
         verbose=0,
     )
-    return {
-        "seed": seed,
-        "seconds": record.seconds,
-        "accuracies": record.scores,
-    }
+    return {"seed": seed, "seconds": seconds, "accuracies": scores}
 
 
 def batches(np, x, y, seed, mine):
@@ -173,25 +182,6 @@ def batches(np, x, y, seed, mine):
         for start in range(0, len(y) - GLOBAL_BATCH + 1, GLOBAL_BATCH):
             rows = order[start : start + GLOBAL_BATCH][mine]
             yield x[rows], y[rows]
-
-
-class EpochRecord:
-    """Each epoch's wall time, and `score()` after it (outside the clock)."""
-
-    def __init__(self, keras, score):
-        self.seconds, self.scores = [], []
-        record = self
-
-        class Callback(keras.callbacks.Callback):
-            def on_epoch_begin(self, epoch, logs=None):
-                record.start = time.perf_counter()
-
-            def on_epoch_end(self, epoch, logs=None):
-                record.seconds.append(time.perf_counter() - record.start)
-                if score is not None:
-                    record.scores.append(score())
-
-        self.callback = Callback()
 
 
 # The driver.
@@ -206,15 +196,17 @@ def launch(config, seeds, epochs, quick, namespace=None, time_it=False):
     progress = "[worker 0] " + PROGRESS
     env = dict(os.environ, KERAS_BACKEND="jax")
     env.pop("XLA_FLAGS", None)  # One device per process.
+
+    def show_progress(line):
+        if line.startswith(progress):
+            print(line[len(progress) :], flush=True)
+
     status, lines = launching.run_launch(
         WORKERS,
         arguments,
         TIMEOUT,
         env=env,
-        on_line=lambda line: (
-            line.startswith(progress)
-            and print(line[len(progress) :], flush=True)
-        ),
+        on_line=show_progress,
         wrap=None if namespace is None else namespace.command,
     )
     result = launching.printed_result(lines, "[worker 0] " + RESULT)

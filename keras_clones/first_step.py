@@ -42,20 +42,12 @@ class StartBeforeSteps(keras.callbacks.Callback):
             self._optimizer.start_from_model(self.model.trainable_variables)
 
 
-def optimizer_of(model):
-    """The `AGNOptimizer` that `model` is compiled with (perhaps in a
-    `LossScaleOptimizer`), or None."""
-    if getattr(model, "optimizer", None) is None:
-        return None
-    return agn_optimizer(model.optimizer)
-
-
 @contextlib.contextmanager
 def started(model):
     """Around `train_on_batch`: the copy now, where the optimizer is built
     (else it builds on the model's weights of this step), and the step
     traced inside leaves it out."""
-    optimizer = optimizer_of(model)
+    optimizer = agn_optimizer(model.optimizer)
     if optimizer is None:
         yield
         return

@@ -259,7 +259,7 @@ def fit(keras_fit, model, *args, **kwargs):
     if model.optimizer is None:
         return keras_fit(model, *args, **kwargs)
     across = across_processes(model)
-    optimizer = first_step.optimizer_of(model)
+    optimizer = agn_optimizer(model.optimizer)
     if optimizer is None:
         return keras_fit(model, *args, **kwargs)
     arguments = inspect.signature(keras_fit).bind(model, *args, **kwargs)
