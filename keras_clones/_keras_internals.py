@@ -399,3 +399,9 @@ def scope_values(scope, writes):
                 "in `writes`; its assignment would be lost."
             )
     return [scope.get_current_value(v) for v in writes]
+
+
+def slot(optimizer, slots, variable):
+    """`optimizer`'s variable for `variable` in its list `slots` (e.g.
+    SGD's `"momentums"`)."""
+    return getattr(optimizer, slots)[optimizer._get_variable_index(variable)]

@@ -115,7 +115,7 @@ class TensorOptimizer:
         learning rate of optimizer step `iteration`; the new weights and
         state."""
         values = list(state)
-        values.insert(self._learning_rate_index, self._learning_rate(iteration))
+        values.insert(self._learning_rate_index, self.learning_rate(iteration))
         with warnings.catch_warnings():
             # A missing gradient leaves its variable as it is, as in one
             # process, where AGNOptimizer does not warn of it either.
@@ -126,7 +126,7 @@ class TensorOptimizer:
         del values[self._learning_rate_index]
         return weights, values
 
-    def _learning_rate(self, iteration):
+    def learning_rate(self, iteration):
         """The optimizer's learning rate at step `iteration`."""
         learning_rate = internals.learning_rate_object(self.optimizer)
         if isinstance(

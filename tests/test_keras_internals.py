@@ -366,3 +366,10 @@ def test_sync_training_state_is_keras_jax_state_sync_where_there_is_one():
     internals.sync_training_state(JaxTrained())
     internals.sync_training_state(keras.Sequential())
     assert calls == ["synced"]
+
+
+def test_slot():
+    variables = [keras.Variable(np.zeros(2)), keras.Variable(np.ones(3))]
+    sgd = keras.optimizers.SGD(0.1, momentum=0.9)
+    sgd.build(variables)
+    assert internals.slot(sgd, "momentums", variables[1]) is sgd.momentums[1]

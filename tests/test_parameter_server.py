@@ -44,7 +44,7 @@ GROUPS = (
             "agn_steps_per_execution",
         ),
     ),
-    (2, 1, ("two_workers", "refusals")),
+    (2, 1, ("two_workers", "refusals", "delayed_nesterov")),
     (1, 2, ("two_parameter_servers", "placement_two_servers")),
 )
 
@@ -351,6 +351,43 @@ def test_agn_at_two_periods_per_call_with_two_in_flight_replays_by_hand(
     assert result["staleness"] == [0, 1] * 2
     assert result["fresh"] > 1e-2
     assert result["rounds"] == [4.0, 8.0]
+
+
+@pytest.mark.parametrize("case", ["default", "two_periods_per_call"])
+def test_diloco_on_two_workers_takes_delayed_nesterov_by_default(
+    scenario, case
+):
+    # DiLoCo with an outer Nesterov SGD on 2 workers: the centers are where
+    # delayed Nesterov (N = 2) puts them, given the 6 commits the coordinator
+    # applied in their order (one at a time, 3 epochs of 6 steps, period 3);
+    # Keras's SGD on each commit would put them elsewhere.
+    result = scenario("delayed_nesterov")[case]
+    assert result["rule"] == 2
+    assert result["commits"] == 6
+    assert result["delayed"] < 1e-5
+    assert result["sgd"] > 1e-2
+
+
+def test_diloco_on_two_workers_with_delayed_nesterov_off_applies_sgd(
+    scenario,
+):
+    result = scenario("delayed_nesterov")["off"]
+    assert result["rule"] is None
+    assert result["sgd"] < 1e-5
+    assert result["delayed"] > 1e-2
+
+
+def test_delayed_nesterov_forced_on_one_worker_trains_as_one_process(
+    scenario,
+):
+    # N = 2 on 1 worker at 2 periods per function, a decaying outer rate:
+    # the worker starts its second period where its first commit's share
+    # moved the centers, as the coordinator moves them for the first of
+    # two commits, so it trains as AGNOptimizer(delayed_nesterov=2) in one
+    # process.
+    result = scenario("agn_steps_per_execution")["delayed_nesterov_forced"]
+    assert result["weights"] < 1e-6
+    assert result["loaded"] < 1e-6
 
 
 def test_a_stopped_fit_applies_nothing_still_in_flight(scenario):

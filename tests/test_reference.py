@@ -202,3 +202,31 @@ def test_stale_reads_take_each_gradient_at_the_centers_read():
     assert run([0, 1, 2]) == pytest.approx([0.9, 0.81, 0.729])
     with pytest.raises(ValueError, match="one worker"):
         agn.agn([1.0], weights, 2, 1, sgd(0.1), workers=2, reads=[0, 0])
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_delayed_nesterov_on_n_commits_in_turn_is_sgd_on_their_mean(nesterov):
+    # Liu et al.'s footnote 5: N workers committing in turn under the
+    # delayed rule move the weights as SGD with momentum on each round's
+    # mean commit; per commit, SGD with momentum moves them elsewhere.
+    commits = np.random.default_rng(0).normal(size=(4, 3, 2))  # rounds, N
+    delayed = optimizers.DelayedNesterov(0.5, 0.9, nesterov, commits=3)
+    sgd = optimizers.SGD(0.5, 0.9, nesterov)
+    each = optimizers.SGD(0.5, 0.9, nesterov)
+    w = v = u = np.array([1.0, -2.0])
+    for round_ in commits:
+        for g in round_:
+            w = delayed.step(w, g)
+            u = each.step(u, g)
+        v = sgd.step(v, round_.mean(axis=0))
+        np.testing.assert_allclose(w, v, rtol=1e-12, atol=1e-12)
+    assert np.abs(u - v).max() > 0.1
+
+
+def test_delayed_nesterov_moves_by_the_share_until_the_nth_commit():
+    # By hand, N = 2, lr 0.5, momentum 0.9, Nesterov: commit 1 (g = 2)
+    # moves w by -0.5 * 2 / 2 = -0.5; commit 2 (g = 4) by -1, then the
+    # velocity -0.5 * (2 + 4) / 2 = -1.5 moves it by 0.9 * -1.5 = -1.35.
+    delayed = optimizers.DelayedNesterov(0.5, 0.9, nesterov=True, commits=2)
+    assert delayed.step(10.0, 2.0) == pytest.approx(9.5)
+    assert delayed.step(9.5, 4.0) == pytest.approx(9.5 - 1.0 - 1.35)

@@ -603,3 +603,33 @@ def test_inf_nan_check_on_a_model_without_agn_names_the_fix_that_runs_on_jax():
         "Compile it with `optimizer=keras_clones.AGNOptimizer(...)`" in message
     )
     assert "CloneModel" not in message  # TensorFlow's alone.
+
+
+def test_delayed_nesterov_forced_on_matches_the_rule_by_hand():
+    # N = 2: every second period's commit takes the momentum step, on the
+    # mean of the two (tests/test_delayed_nesterov.py on TensorFlow).
+    start = np.array([1.0, -2.0, 0.5])
+    grads = np.random.default_rng(0).normal(size=(4 * PERIOD, 3))
+    variable = keras.Variable(start.astype("float32"))
+    optimizer = AGNOptimizer(
+        keras.optimizers.Adam(INNER_LR),
+        PERIOD,
+        outer_optimizer=keras.optimizers.SGD(0.5, momentum=0.9, nesterov=True),
+        commit="weight_change",
+        normalize=False,
+        delayed_nesterov=2,
+    )
+    history = run_stateless(optimizer, variable, grads)
+    by_hand = agn.agn(
+        start,
+        agn.steps_table(grads),
+        len(grads),
+        PERIOD,
+        lambda: optimizers.Adam(INNER_LR),
+        lambda: optimizers.DelayedNesterov(0.5, 0.9, True, commits=2),
+        commit="weight_change",
+        normalize=False,
+    )
+    for (_, got), (_, center) in zip(history, by_hand.history, strict=True):
+        np.testing.assert_allclose(got, center, rtol=1e-6, atol=1e-5)
+    assert optimizer.delayed_nesterov_rule.commits == 2

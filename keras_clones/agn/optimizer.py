@@ -19,6 +19,9 @@ from keras_clones.agn import arguments
 from keras_clones.agn import engine
 from keras_clones.agn import replicas
 from keras_clones.agn import worker_state
+from keras_clones.agn.delayed_nesterov import DelayedNesterov
+from keras_clones.agn.delayed_nesterov import check_setting
+from keras_clones.agn.delayed_nesterov import loadable
 from keras_clones.agn.rule import CommitRule
 from keras_clones.agn.schedule import Schedule
 from keras_clones.agn.state import COUNTER_DTYPE
@@ -141,6 +144,15 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             outer optimizer then runs on each fragment apart (its own state
             and step count) and must update each element on its own (see
             the README's "Fragmented commits").
+        delayed_nesterov: How an outer `keras.optimizers.SGD` with momentum
+            takes commits that arrive one worker at a time: None (the
+            default) delays its momentum step to every N-th commit, on
+            their mean, under a `ParameterServerStrategy` of N > 1 workers
+            (Liu et al. 2024's delayed Nesterov, which converges where a
+            momentum step per commit diverges), and is off elsewhere;
+            False keeps Keras's SGD for each commit; an integer N sets the
+            commits per momentum step (1: off). See
+            `keras_clones.agn.delayed_nesterov`.
 
     Example:
 
@@ -171,6 +183,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         overlap=False,
         mixing=None,
         fragments=1,
+        delayed_nesterov=None,
         **kwargs,
     ):
         arguments.check_base_options(kwargs)
@@ -185,6 +198,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             optimizer, outer_optimizer, AGNOptimizer
         )
         arguments.check_outer_optimizer(outer_optimizer, fragments)
+        check_setting(delayed_nesterov, outer_optimizer, fragments, overlap)
         global_devices = arguments.device_list(global_device)
         super().__init__(learning_rate=0.0, name=name)
         self._outer_follows_inner = outer_follows_inner
@@ -201,6 +215,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self._mixing = mixing
         self.mixing = mixing_used
         self.fragments = int(fragments)
+        self.delayed_nesterov = delayed_nesterov
         self._commit_rule = CommitRule(
             commit, normalize, communication_period, communication_dtype
         )
@@ -231,6 +246,16 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         """This optimizer's rule on tensors (`agn.rule.CommitRule`): what a
         period commits, how commits travel and move the centers."""
         return self._commit_rule
+
+    @property
+    def delayed_nesterov_rule(self):
+        """The `delayed_nesterov.DelayedNesterov` rule its outer optimizer
+        takes commits by, once built; None where it is off."""
+        self._check_built("delayed Nesterov rule")
+        outer = self._state.fragments[0].outer
+        if isinstance(outer, DelayedNesterov):
+            return outer
+        return None
 
     # State.
 
@@ -315,7 +340,8 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         and, for `commit="weight_change"`, a period start per variable;
         the local steps skipped alone since the last commit, and the first
         one's step), then the inner optimizer's, then the outer
-        optimizer's. On JAX, while a step hook keeps state (`InfNanCheck`'s
+        optimizer's, then, under delayed Nesterov, its buffer per variable
+        and count. On JAX, while a step hook keeps state (`InfNanCheck`'s
         counters), its variables follow, which a step there must carry;
         they are not saved (`saved_variables`)."""
         carried = [] if ON_TENSORFLOW else self._step_hooks.state_variables
@@ -324,11 +350,15 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     @property
     def saved_variables(self):
         """The optimizer's state, as saved and set: `variables`, but a
-        step hook's."""
+        step hook's; the delayed Nesterov rule's last."""
+        rule = self.delayed_nesterov_rule if self.built else None
+        rule_state = rule.state_variables if rule else []
+        ids = {id(v) for v in rule_state}
         return (
-            internals.own_variables(self)
+            [v for v in internals.own_variables(self) if id(v) not in ids]
             + self.inner_optimizer.variables
             + self.outer_optimizer.variables
+            + rule_state
         )
 
     def save_own_variables(self, store):
@@ -336,9 +366,15 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             store[str(i)] = keras.ops.convert_to_numpy(variable)
 
     def load_own_variables(self, store):
-        # Keras's own, over `saved_variables`, with its warning.
+        # Keras's own, over `saved_variables`, with its warning; with or
+        # without the delayed Nesterov rule's state.
         variables = self.saved_variables
-        if len(store.keys()) != len(variables):
+        rule = self.delayed_nesterov_rule if self.built else None
+        centers = len(self._state.states) if self.built else 0
+        loaded = loadable(
+            store, variables, rule.state_variables if rule else [], centers
+        )
+        if loaded is None:
             hint = ""
             if not self.built:
                 hint = (
@@ -352,7 +388,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 stacklevel=2,
             )
             return
-        for i, variable in enumerate(variables):
+        for i, variable in enumerate(loaded):
             variable.assign(store[str(i)])
 
     def set_weights(self, weights):
@@ -755,6 +791,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             "overlap": self.overlap,
             "mixing": self._mixing,
             "fragments": self.fragments,
+            "delayed_nesterov": self.delayed_nesterov,
         }
 
     @classmethod

@@ -15,6 +15,7 @@ import keras
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
+from keras_clones.agn.delayed_nesterov import DelayedNesterov
 
 
 class CommitRule(typing.NamedTuple):
@@ -68,7 +69,11 @@ class CommitRule(typing.NamedTuple):
     @staticmethod
     def move_centers(outer_optimizer, reduced, centers):
         """The reduced commits move the centers: the outer optimizer
-        applies them as gradients (as they are: no further all-reduce)."""
+        applies them as gradients (as they are: no further all-reduce), or
+        a `DelayedNesterov` rule over it applies them."""
+        if isinstance(outer_optimizer, DelayedNesterov):
+            outer_optimizer.apply(reduced, centers)
+            return
         with internals.without_gradient_all_reduce(outer_optimizer):
             outer_optimizer.apply(reduced, centers)
 

@@ -13,6 +13,7 @@ from keras_clones import _keras_internals as internals
 from keras_clones import gradients
 from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import tf
+from keras_clones.agn import delayed_nesterov
 from keras_clones.agn import fragment
 from keras_clones.tensor_optimizer import TensorOptimizer
 
@@ -98,7 +99,7 @@ class StateBuilder:
                     if self.commit == "gradients"
                     else None
                 )
-        parts, outers, outer_states = self._cut(centered)
+        parts, outers, outer_states = self._cut(centered, centers)
         phases, in_flight, starts = self._add_overlap_state(centered)
         states = [
             VariableState(*fields)
@@ -181,14 +182,15 @@ class StateBuilder:
         internals.track_variable(self.optimizer, own)
         return own
 
-    def _cut(self, centered):
+    def _cut(self, centered, centers):
         """Each fragment's slice, outer optimizer and its state: one of
-        whole variables with the outer optimizer itself, or `fragments`
-        flat slices, each with the outer optimizer on tensors."""
+        whole variables with the outer optimizer itself (or the delayed
+        Nesterov rule over it), or `fragments` flat slices, each with the
+        outer optimizer on tensors."""
         if self.fragments == 1:
             return (
                 [fragment.WholeVariables(len(centered))],
-                [self.outer_optimizer],
+                [self._whole_outer(centers)],
                 [()],
             )
         dtypes = {keras.backend.standardize_dtype(v.dtype) for v in centered}
@@ -221,6 +223,22 @@ class StateBuilder:
                 [self._add_outer_state(f, t) for t in outer.state_templates]
             )
         return parts, outers, outer_states
+
+    def _whole_outer(self, centers):
+        """The outer optimizer of whole variables, or the delayed Nesterov
+        rule over it where that is on (`delayed_nesterov`)."""
+        commits = delayed_nesterov.commits_per_step(
+            self.optimizer.delayed_nesterov, self.outer_optimizer
+        )
+        if commits is None:
+            return self.outer_optimizer
+        return delayed_nesterov.DelayedNesterov(
+            self.outer_optimizer,
+            commits,
+            centers,
+            self.add_variable,
+            COUNTER_DTYPE,
+        )
 
     def _add_outer_state(self, index, template):
         state = self.add_variable(

@@ -1,5 +1,5 @@
-"""Asynchronous AGN: a worker takes periods of local steps on its own copy
-of the centers; their commits are applied under the coordinator.
+"""Asynchronous AGN: a worker takes periods of local steps on its own copy of
+the centers; their commits are applied under the coordinator.
 
 Each scheduled function is `steps_per_execution / communication_period`
 communication periods on one worker (one with the default 1): it reads the
@@ -10,13 +10,15 @@ the `AGNOptimizer`'s rule (the period's gradients or weight change, divided
 by the period if `normalize`, in `communication_dtype`). Its first period
 starts from the centers read; each later one from where its own commits
 moved them, by the outer optimizer on tensors from its state read with the
-centers, as the coordinator will apply them. The commits travel with each
-step's predictions for the logs (`training.AsyncTraining` writes them to a
-parameter server); the coordinator applies them there, in order, with
-`AGNOptimizer.apply_commit` (the outer optimizer, one commit at a time),
-through the model's step hooks. With a guard in the hooks (`InfNanCheck`),
-a worker keeps its copy as it was after a local step whose loss or
-gradients are not finite, and sends the step's verdict
+centers, as the coordinator will apply them (under delayed Nesterov, by the
+share every commit takes, `-lr * g / N`: a worker cannot know which commit
+the coordinator counts N-th, so it assumes none of its own). The commits
+travel with each step's predictions for the logs (`training.AsyncTraining`
+writes them to a parameter server); the coordinator applies them there, in
+order, with `AGNOptimizer.apply_commit` (the outer optimizer, one commit at
+a time), through the model's step hooks. With a guard in the hooks
+(`InfNanCheck`), a worker keeps its copy as it was after a local step whose
+loss or gradients are not finite, and sends the step's verdict
 (`ComputedStep.finite`); the coordinator has the guard judge each local
 step's verdict, then the commit.
 """
@@ -125,9 +127,14 @@ class AGNPeriods:
         received = self.optimizer.commit_rule.received(
             commit, [v.dtype for v in self._variables]
         )
-        moved = self._outer.step(
-            centers, received, outer_state, self._outer.iteration(outer_state)
-        )
+        iteration = self._outer.iteration(outer_state)
+        delayed = self.optimizer.delayed_nesterov_rule
+        if delayed is None:
+            moved = self._outer.step(centers, received, outer_state, iteration)
+        else:  # The share of the rule every commit takes; no momentum step.
+            rate = self._outer.learning_rate(iteration)
+            moved = delayed.share(centers, received, rate, self._centers)
+            moved = (moved, outer_state)
         if last_step.finite is None:  # No guard.
             return moved
         finite = finiteness(None, received)

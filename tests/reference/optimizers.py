@@ -22,6 +22,32 @@ class SGD:
         return w + self.velocity
 
 
+class DelayedNesterov:
+    """An outer `SGD` with momentum under delayed Nesterov (Liu et al.
+    2024, Algorithm 3 with c = 0), for `commits` (N) commits per momentum
+    step: each commit `g` moves `w` by `-lr * g / N` and adds to a buffer;
+    every N-th also steps the velocity on the buffer's mean, `m = momentum
+    * m - lr * mean`, and moves `w` by `momentum * m` (with Nesterov; else
+    by `momentum` times the velocity before that step)."""
+
+    def __init__(self, learning_rate, momentum, nesterov=False, commits=2):
+        self.learning_rate, self.commits = learning_rate, commits
+        self.momentum, self.nesterov = momentum, nesterov
+        self.velocity = 0.0
+        self.buffer, self.count = 0.0, 0
+
+    def step(self, w, g):
+        rate, n = self.learning_rate, self.commits
+        self.buffer, self.count = self.buffer + g, self.count + 1
+        w = w - rate * g / n
+        if self.count < n:
+            return w
+        old = self.velocity
+        self.velocity = self.momentum * old - rate * self.buffer / n
+        self.buffer, self.count = 0.0, 0
+        return w + self.momentum * (self.velocity if self.nesterov else old)
+
+
 class Adam:
     """`keras.optimizers.Adam`, or `AdamW` with `weight_decay` (decoupled:
     the weights shrink by `w * weight_decay * lr` before the step)."""

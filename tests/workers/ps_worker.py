@@ -258,6 +258,12 @@ def agn_steps_per_execution(strategy):
         "contrib_adafactor": lambda: keras_clones.AGNOptimizer(
             keras.optimizers.Adafactor(0.05), communication_period=3
         ),
+        # Delayed Nesterov forced on (N = 2) at a decaying outer rate: the
+        # worker's second period starts from its first commit's share,
+        # which is where the coordinator's first commit of 2 moves them.
+        "delayed_nesterov_forced": lambda: diloco_delayed(
+            keras.optimizers.schedules.ExponentialDecay(0.7, 2, 0.5), 2
+        ),
     }
     results = {
         name: compare(
@@ -434,6 +440,92 @@ def two_workers(strategy):
             "max_staleness": history.history["max_staleness"],
             "rounds": history.history.get("communication_rounds"),
             "step_by_step": step_by_step.steps,
+        }
+    return results
+
+
+def diloco_delayed(outer_rate=0.5, delayed_nesterov=None):
+    """DiLoCo with an outer Nesterov SGD, `delayed_nesterov` as given."""
+    return keras_clones.AGNOptimizer(
+        keras.optimizers.Adam(0.01),
+        communication_period=3,
+        outer_optimizer=keras.optimizers.SGD(
+            outer_rate, momentum=0.9, nesterov=True
+        ),
+        commit="weight_change",
+        normalize=False,
+        delayed_nesterov=delayed_nesterov,
+    )
+
+
+class CommitsInOrder:
+    """A step-hooks observer: each commit the coordinator applies, in
+    order, in variables of its own (room for `capacity`)."""
+
+    def __init__(self, variables, capacity):
+        self.commits = [
+            tf.Variable(tf.zeros((capacity, *v.shape))) for v in variables
+        ]
+        self.count = tf.Variable(0)
+
+    def observe(self, step):
+        at = self.count.read_value()[None]
+        for kept, commit in zip(self.commits, step.grads):
+            kept.scatter_update(tf.IndexedSlices(commit[None], at))
+        self.count.assign_add(1)
+
+    def recorded(self):
+        count = int(self.count.numpy())
+        return [[c.numpy()[i] for c in self.commits] for i in range(count)]
+
+
+def delayed_nesterov(strategy):
+    """DiLoCo with an outer Nesterov SGD on 2 workers: by default under
+    delayed Nesterov with N = 2 (also at 2 periods per function), with
+    `delayed_nesterov=False` Keras's SGD for each commit; the centers
+    against the reference applying the commits the coordinator applied, in
+    their order, by each rule."""
+    epochs = 3
+    results = {}
+    for name, setting, per_call in (
+        ("default", None, 1),
+        ("two_periods_per_call", None, 6),
+        ("off", False, 1),
+    ):
+        with strategy.scope():
+            model = functional(keras_clones.CloneModel)
+            model.compile(
+                diloco_delayed(delayed_nesterov=setting),
+                "mse",
+                steps_per_execution=per_call,
+            )
+        start = [v.numpy() for v in model.trainable_variables]
+        commits = CommitsInOrder(model.trainable_variables, epochs * STEPS)
+        model.step_hooks.add(commits)
+        model.fit(dataset(), epochs=epochs, steps_per_epoch=STEPS, verbose=0)
+        centers = [
+            model.optimizer.global_center_variable(v).numpy()
+            for v in model.trainable_variables
+        ]
+        replays = {}
+        for rule in ("delayed", "sgd"):
+            weights = [w.astype("float64") for w in start]
+            outers = [
+                hand.DelayedNesterov(0.5, 0.9, nesterov=True, commits=2)
+                if rule == "delayed"
+                else hand.SGD(0.5, 0.9, nesterov=True)
+                for _ in weights
+            ]
+            for commit in commits.recorded():
+                weights = [
+                    o.step(w, g) for o, w, g in zip(outers, weights, commit)
+                ]
+            replays[rule] = max_difference(centers, weights)
+        rule = model.optimizer.delayed_nesterov_rule
+        results[name] = {
+            **replays,
+            "commits": len(commits.recorded()),
+            "rule": None if rule is None else rule.commits,
         }
     return results
 
@@ -1248,6 +1340,7 @@ SCENARIOS = {
     "inf_nan": inf_nan,
     "sparse": sparse,
     "two_workers": two_workers,
+    "delayed_nesterov": delayed_nesterov,
     "refusals": refusals,
     "in_flight": in_flight,
     "two_parameter_servers": two_parameter_servers,

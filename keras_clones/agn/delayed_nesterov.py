@@ -1,0 +1,261 @@
+"""Delayed Nesterov: an outer SGD with momentum for commits that arrive one
+worker at a time (Liu et al. 2024, "Asynchronous Local-SGD Training for
+Language Modeling", arXiv 2401.09135, Algorithm 3 with c = 0).
+
+Under parameter servers the coordinator applies each worker's commit as it
+arrives. Keras's SGD with momentum would take a momentum step for every
+one of them: with N workers, N momentum steps where synchronous training
+takes one, which amplifies the weights' change while the momentum decays,
+and diverges. The delayed rule takes the momentum step once every N
+commits, on their mean. In Keras's SGD's terms (velocity `m`, momentum
+`b`, learning rate `lr`, a buffer `d`):
+
+- every commit `g`: `d += g`, and the centers move by `-lr * g / N`;
+- every N-th commit, also: `m = b * m - lr * d / N`, the centers move by
+  `b * m` (Nesterov; without Nesterov by `b * m` before the update), `d`
+  restarts from zero, and the outer SGD counts one step.
+
+With N workers committing in turn this is Keras's SGD with momentum on
+the mean of each round's N commits (the paper's footnote 5): synchronous
+DiLoCo. A commit a guard (`InfNanCheck`) skips is not applied, and does
+not count toward N.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+
+from keras_clones import _keras_internals as internals
+from keras_clones import gradients
+from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones._tensorflow import tf
+
+# The outer SGD's options the rule does not take (it runs SGD's update
+# itself), with their defaults.
+_SGD_OPTIONS = {
+    "weight_decay": None,
+    "clipnorm": None,
+    "clipvalue": None,
+    "global_clipnorm": None,
+    "use_ema": False,
+    "loss_scale_factor": None,
+    "gradient_accumulation_steps": None,
+}
+
+
+def check_setting(delayed_nesterov, outer_optimizer, fragments, overlap):
+    """Refuses a `delayed_nesterov` argument an `AGNOptimizer` cannot
+    honour."""
+    if delayed_nesterov is None or delayed_nesterov is False:
+        return
+    if (
+        isinstance(delayed_nesterov, bool)
+        or not isinstance(delayed_nesterov, int)
+        or delayed_nesterov < 1
+    ):
+        raise ValueError(
+            "`delayed_nesterov` must be None (the default: on with more "
+            "than one parameter-server worker, N = the workers), False "
+            "(off) or N, an integer >= 1: the commits per momentum step. "
+            f"Received: delayed_nesterov={delayed_nesterov!r}."
+        )
+    if delayed_nesterov == 1:
+        return  # Keras's SGD itself.
+    _check_outer(outer_optimizer, f"delayed_nesterov={delayed_nesterov}")
+    if fragments > 1 or overlap:
+        raise ValueError(
+            "`delayed_nesterov` applies the commits of whole periods as "
+            "they arrive, one worker's at a time; it does not take "
+            "`fragments` or `overlap`. Received: "
+            f"delayed_nesterov={delayed_nesterov}, fragments={fragments}, "
+            f"overlap={overlap}. Leave `delayed_nesterov` out, or use "
+            "`fragments=1` and `overlap=False`."
+        )
+
+
+def commits_per_step(delayed_nesterov, outer_optimizer):
+    """N, the commits per momentum step, or None where the rule is off:
+    `delayed_nesterov` itself where given (1: off); by default, under a
+    `ParameterServerStrategy` with more than one worker and an outer SGD
+    with momentum, the number of workers. Refuses a synchronous strategy
+    of several replicas, which averages the workers' commits itself."""
+    if delayed_nesterov is False or delayed_nesterov == 1:
+        return None
+    strategy = tf.distribute.get_strategy() if ON_TENSORFLOW else None
+    workers = _parameter_server_workers(strategy)
+    if delayed_nesterov is None:
+        momentum = getattr(outer_optimizer, "momentum", 0)
+        if workers < 2 or not isinstance(outer_optimizer, keras.optimizers.SGD):
+            return None
+        if not momentum:
+            return None
+        _check_outer(
+            outer_optimizer,
+            f"an outer SGD with momentum on {workers} parameter-server "
+            "workers (delayed Nesterov, by default)",
+        )
+        return workers
+    if not workers and strategy is not None:
+        if strategy.num_replicas_in_sync > 1:
+            raise ValueError(
+                "`delayed_nesterov` is for commits that arrive one worker "
+                "at a time (parameter servers), but under "
+                f"{type(strategy).__name__} the workers' commits are "
+                "averaged together, and the outer SGD applies their mean. "
+                f"Received: delayed_nesterov={delayed_nesterov}. Leave it "
+                "out."
+            )
+    return delayed_nesterov
+
+
+def _parameter_server_workers(strategy):
+    """The workers of `strategy` if it is a `ParameterServerStrategy`,
+    else 0."""
+    if strategy is None:
+        return 0
+    # Imported here: parameter-server training imports AGN.
+    from keras_clones.parameter_server import cluster
+
+    if not cluster.is_parameter_server(strategy):
+        return 0
+    return cluster.num_workers(strategy)
+
+
+def _check_outer(outer_optimizer, what):
+    received = type(outer_optimizer).__name__
+    if isinstance(outer_optimizer, keras.optimizers.SGD):
+        received += f"(momentum={outer_optimizer.momentum})"
+    if not isinstance(outer_optimizer, keras.optimizers.SGD) or not (
+        outer_optimizer.momentum
+    ):
+        raise ValueError(
+            f"{what} needs the outer optimizer to be "
+            "`keras.optimizers.SGD` with momentum > 0 (no such rule exists "
+            f"for others). Received: outer_optimizer={received}. "
+            "Pass e.g. `outer_optimizer=keras.optimizers.SGD(0.7, "
+            "momentum=0.9, nesterov=True)`, or `delayed_nesterov=False`."
+        )
+    for option, default in _SGD_OPTIONS.items():
+        value = getattr(outer_optimizer, option, default)
+        if value != default:
+            raise ValueError(
+                f"{what} runs the outer SGD's momentum update itself, "
+                f"without its `{option}`. Received: {option}={value!r}. "
+                f"Create the outer SGD without `{option}`, or pass "
+                "`delayed_nesterov=False` to apply Keras's SGD to each "
+                "commit as it arrives."
+            )
+
+
+def loadable(store, variables, rule_state, centers):
+    """Which of an `AGNOptimizer`'s saved `variables` (the rule's
+    `rule_state` last, if on) take `store`'s values, by position: all of
+    them; where `store` was saved without the rule's state (another worker
+    count, or one process), all but that state, which starts afresh; where
+    it was saved with it and the rule is off here, all (the state saved
+    after them is left out, with a warning if commits were waiting for
+    their momentum step). None where `store` fits neither."""
+    stored = len(store.keys())
+    if stored == len(variables):
+        return variables
+    if rule_state and stored == len(variables) - len(rule_state):
+        return variables[:stored]
+    if not rule_state and stored == len(variables) + centers + 1:
+        waiting = int(np.asarray(store[str(stored - 1)]))
+        if waiting:
+            warnings.warn(
+                f"The optimizer was saved under delayed Nesterov with "
+                f"{waiting} commit(s) waiting for their momentum step; here "
+                "the rule is off, so their share stays in the centers and "
+                "their momentum step is dropped. Resume on as many "
+                "parameter-server workers, or pass `delayed_nesterov=N`, "
+                "to keep it.",
+                stacklevel=3,
+            )
+        return variables
+    return None
+
+
+class DelayedNesterov:
+    """The rule over the centers of an `AGNOptimizer` whose outer optimizer
+    is `outer` (a built `keras.optimizers.SGD` with momentum, whose
+    velocity and step count it uses), for `commits` commits per momentum
+    step. Its own state, a buffer per center and the commits since the last
+    momentum step, are variables made by `add_variable` (the
+    AGNOptimizer's: saved with it)."""
+
+    def __init__(self, outer, commits, centers, add_variable, counter_dtype):
+        self.outer = outer
+        self.commits = commits
+        self._sums = {
+            id(center): add_variable(
+                shape=center.shape,
+                dtype=center.dtype,
+                name=f"{center.name}_delayed_sum",
+            )
+            for center in centers
+        }
+        self.count = add_variable(
+            shape=(), dtype=counter_dtype, name="delayed_nesterov_commits"
+        )
+
+    @property
+    def state_variables(self):
+        """The rule's own state: a buffer per center, then the count."""
+        return [*self._sums.values(), self.count]
+
+    @property
+    def variables(self):
+        """Every variable a commit may assign: the outer SGD's and the
+        rule's own."""
+        return [*self.outer.variables, *self.state_variables]
+
+    def apply(self, commit, centers):
+        """One commit (a gradient per center) moves `centers` by the rule;
+        every N-th also takes the momentum step. Outside a synchronous
+        strategy's replicas: where a step's merge runs, or the
+        coordinator."""
+        ops = keras.ops
+        outer = self.outer
+        count = gradients.read(self.count) + 1
+        due = count >= self.commits
+        rate = gradients.read(outer.learning_rate)
+        for center, value in zip(centers, commit):
+            dtype = center.dtype
+            value = ops.cast(gradients.dense(value), dtype)
+            share = ops.cast(rate, dtype) * value / self.commits
+            total = self._sums[id(center)]
+            summed = gradients.read(total) + value
+            velocity = internals.slot(outer, "momentums", center)
+            old = gradients.read(velocity)
+            momentum = ops.cast(outer.momentum, dtype)
+            new = momentum * old - ops.cast(rate, dtype) * (
+                summed / self.commits
+            )
+            push = momentum * (new if outer.nesterov else old)
+            moved = gradients.read(center) - share
+            moved = ops.where(due, moved + push, moved)
+            if center.constraint is not None:
+                moved = center.constraint(moved)
+            center.assign(moved)
+            velocity.assign(ops.where(due, new, old))
+            total.assign(ops.where(due, ops.zeros_like(summed), summed))
+        iterations = gradients.read(outer.iterations)
+        outer.iterations.assign(iterations + ops.cast(due, iterations.dtype))
+        self.count.assign(ops.where(due, ops.zeros_like(count), count))
+
+    def share(self, values, commit, learning_rate, centers):
+        """On tensors: the `values` of `centers` after the part of the rule
+        every commit takes (`-lr * g / N`), at `learning_rate`: what a
+        worker that replays its own commits assumes, since it cannot know
+        which commit the coordinator will count N-th."""
+        ops = keras.ops
+        moved = []
+        for value, grad, center in zip(values, commit, centers):
+            rate = ops.cast(learning_rate, value.dtype)
+            value = value - rate * ops.cast(grad, value.dtype) / self.commits
+            if center.constraint is not None:
+                value = center.constraint(value)
+            moved.append(value)
+        return moved
