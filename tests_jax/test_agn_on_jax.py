@@ -54,10 +54,20 @@ def recipe_against_the_rule(name, options, start, grads, tolerance):
     trajectory."""
     recipe, inner, hand_inner, outer, hand_outer = RULES[name]
     options = dict(recipe, **options)
-    variable = keras.Variable(start.astype("float32"))
     optimizer = AGNOptimizer(
         inner(), PERIOD, outer_optimizer=outer and outer(), **options
     )
+    hand = (hand_inner, hand_outer, options)
+    return against_the_rule(optimizer, hand, start, grads, tolerance)
+
+
+def against_the_rule(optimizer, hand, start, grads, tolerance):
+    """`optimizer` stepped through `stateless_apply` from `start` on
+    `grads`, checked after every step against AGN by hand (`hand`: its
+    inner and outer optimizers and options); the optimizer, its variable
+    and the hand's trajectory."""
+    hand_inner, hand_outer, options = hand
+    variable = keras.Variable(start.astype("float32"))
     history = run_stateless(optimizer, variable, grads)
     by_hand = agn.agn(
         start,
@@ -608,28 +618,22 @@ def test_inf_nan_check_on_a_model_without_agn_names_the_fix_that_runs_on_jax():
 def test_delayed_nesterov_forced_on_matches_the_rule_by_hand():
     # N = 2: every second period's commit takes the momentum step, on the
     # mean of the two (tests/test_delayed_nesterov.py on TensorFlow).
-    start = np.array([1.0, -2.0, 0.5])
-    grads = np.random.default_rng(0).normal(size=(4 * PERIOD, 3))
-    variable = keras.Variable(start.astype("float32"))
+    options = {"commit": "weight_change", "normalize": False}
     optimizer = AGNOptimizer(
         keras.optimizers.Adam(INNER_LR),
         PERIOD,
         outer_optimizer=keras.optimizers.SGD(0.5, momentum=0.9, nesterov=True),
-        commit="weight_change",
-        normalize=False,
         delayed_nesterov=2,
+        **options,
     )
-    history = run_stateless(optimizer, variable, grads)
-    by_hand = agn.agn(
-        start,
-        agn.steps_table(grads),
-        len(grads),
-        PERIOD,
+    hand = (
         lambda: optimizers.Adam(INNER_LR),
         lambda: optimizers.DelayedNesterov(0.5, 0.9, True, commits=2),
-        commit="weight_change",
-        normalize=False,
+        options,
     )
-    for (_, got), (_, center) in zip(history, by_hand.history, strict=True):
-        np.testing.assert_allclose(got, center, rtol=1e-6, atol=1e-5)
+    start = np.array([1.0, -2.0, 0.5])
+    grads = np.random.default_rng(0).normal(size=(4 * PERIOD, 3))
+    against_the_rule(
+        optimizer, hand, start, grads, {"rtol": 1e-6, "atol": 1e-5}
+    )
     assert optimizer.delayed_nesterov_rule.commits == 2
