@@ -15,7 +15,7 @@ JAX_STAMP := $(JAX_VENV)/.installed
 JAX_BENCH_VENV := .venv-jax-bench
 JAX_BENCH_STAMP := $(JAX_BENCH_VENV)/.installed
 
-.PHONY: setup demo test test-fast test-jax bench-agn-jax bench-jax-processes test-bench format bench bench-faults bench-agn bench-agn-rounds bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap bench-wan-jax clean conformance
+.PHONY: setup demo test test-fast test-jax bench-agn-jax bench-jax-processes test-bench format bench bench-faults bench-agn bench-agn-rounds bench-ps-diloco bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap bench-wan-jax clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,11 @@ bench-agn-rounds: setup
 
 bench-agn-paper: setup
 	$(BIN)/python bench/agn_paper.py
+
+# DiLoCo on 2 asynchronous parameter-server workers against 2 synchronous
+# ones and one process, 3 seeds. About 3 minutes.
+bench-ps-diloco: setup
+	$(BIN)/python bench/ps_diloco.py
 
 # Needs root, ip and tc for its shaped links (bench/netns.py); without
 # root it measures the unshaped loopback only. About 27 minutes.
