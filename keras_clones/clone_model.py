@@ -9,6 +9,7 @@ import tensorflow as tf
 from keras_clones import _keras_internals as internals
 from keras_clones import clone_reads
 from keras_clones import clones
+from keras_clones import counter_logs
 from keras_clones import modes
 from keras_clones import optimizer_capabilities
 from keras_clones import replication
@@ -570,10 +571,10 @@ class CloneModel(keras.Model):
                 default, 1, waits for each worker's result to be applied
                 (1 worker trains as one process). Elsewhere it must be 1.
         """
+        fit = super().fit
+        args, kwargs = counter_logs.with_integer_counters(fit, args, kwargs)
         with self._logging_for_fit(True):
-            return self._mode.fit(
-                self, super().fit, args, kwargs, in_flight_per_worker
-            )
+            return self._mode.fit(self, fit, args, kwargs, in_flight_per_worker)
 
     def evaluate(self, *args, **kwargs):
         # `fit` validates with its own `CallbackList`; its logs get

@@ -76,7 +76,8 @@ def test_clone_model_skip_changes_nothing_and_counts():
         epochs=2,
         validation_data=data(False),
     )
-    assert history["skipped_steps"] == [1.0, 1.0]
+    assert history["skipped_steps"] == [1, 1]
+    assert all(type(s) is int for s in history["skipped_steps"])
     assert "val_skipped_steps" not in history
     # The same run without the nan batch: every variable bit-identical.
     reference = clone_model()
@@ -166,7 +167,8 @@ def test_agn_skipped_steps_count_toward_the_period_as_zero_gradient_steps(
     guarded, history = fitted(True)
     reference, _ = fitted(False)
     optimizer = guarded.optimizer
-    assert history["skipped_steps"] == [2.0]
+    assert history["skipped_steps"] == [2]
+    assert type(history["skipped_steps"][0]) is int  # A plain model's too.
     assert int(optimizer.communication_rounds.numpy()) == STEPS // PERIOD
     assert int(optimizer.local_step.numpy()) == STEPS
     assert int(optimizer.iterations.numpy()) == STEPS

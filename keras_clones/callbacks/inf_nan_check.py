@@ -266,7 +266,7 @@ class InfNanCheck(keras.callbacks.Callback):
         # A host that reports its hooks' metrics has logged it already.
         # Otherwise once per epoch: a device read per batch costs ~10%.
         if logs is not None and not self._hooks.reports_metrics:
-            logs["skipped_steps"] = float(self._guard.skipped_steps.result())
+            logs["skipped_steps"] = int(self._guard.skipped_steps.result())
 
     def _detach(self):
         if self._hooks is None:
