@@ -141,6 +141,7 @@ def train(strategy, mode, outer, delayed, per_call, seed):
             metrics=["accuracy"],
             steps_per_execution=per_call,
         )
+
     def data():
         return tf.data.Dataset.from_tensor_slices((x, y))
 
