@@ -120,12 +120,17 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         worker: This worker's index.
         workers: The number of workers.
         is_chief: Whether this worker is the chief.
+        global_batch: The examples of one step across the workers, where
+            `fit`'s arguments tell (else None): the chief's mark records
+            it, and a resume says when it changed.
     """
 
     # Whether this worker writes Keras's backup (to `directory`).
     writes_keras_backup = True
 
-    def __init__(self, callback, directory, worker, workers, is_chief):
+    def __init__(
+        self, callback, directory, worker, workers, is_chief, global_batch=None
+    ):
         super().__init__(
             directory,
             save_freq=callback.save_freq,
@@ -137,8 +142,11 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         self.worker = worker
         self.workers = workers
         self.is_chief = is_chief
+        self.global_batch = global_batch
         self._epoch = 0
         self._changes = []  # What changed since the backup, said at resume.
+        # Whether the resume line says the global batch changed.
+        self.batch_changed = False
         self._resumed = False
         self._first_step = True
 
@@ -180,7 +188,8 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         self._write_own(step)
         self.after_own_state()
         if self.is_chief:
-            self._write(MARK, json.dumps({"workers": self.workers}).encode())
+            mark = {"workers": self.workers, "global_batch": self.global_batch}
+            self._write(MARK, json.dumps(mark).encode())
         if self.writes_keras_backup:
             super()._save_model()
         if self.is_chief:
@@ -268,6 +277,7 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         files = self._saved().get(step, {})
         agn = agn_optimizer(self.model.optimizer)
         before = self._check_complete(step, files, agn is not None)
+        self._changes = self._batch_change() if self.is_chief else []
         if agn is not None and before is not None:
             kinds = arrays = None
             if self.worker < before:
@@ -354,7 +364,7 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
                     f"the weights' epoch being {metadata['epoch']}",
                 )
             )
-        self._changes = self._check_rule(stamp, agn)
+        self._changes = self._check_rule(stamp, agn) + self._changes
         kinds = [str(k) for k in saved.get("kinds", ())]
         return kinds, [saved[f"state_{i}"] for i in range(len(kinds))]
 
@@ -394,6 +404,26 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
             f"was {period})"
         ]
 
+    def _batch_change(self):
+        """What the chief's mark says of the global batch, if it changed
+        since the backup (backups without a mark, or a batch `fit` does
+        not tell, say nothing)."""
+        path = os.path.join(self.shared_dir, MARK)
+        if self.global_batch is None or not _files.exists(path):
+            return []
+        try:
+            with _files.File(path, "rb") as f:
+                before = json.loads(f.read()).get("global_batch")
+        except (OSError, ValueError, AttributeError) as error:
+            raise ValueError(
+                self._unreadable(path, "not the chief's mark", error)
+            ) from None
+        if before is None or before == self.global_batch:
+            return []
+        self.batch_changed = True
+        now = self.global_batch
+        return [f"the global batch is now {now} (it was {before})"]
+
     def _unreadable(self, path, what, error):
         return (
             f"The backup in {self.shared_dir!r} cannot be read: {path!r} is "
@@ -426,7 +456,8 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
             )
         what = f"{where}, made on {_count(before)}, resumed on {self.workers}"
         if agn is None:
-            return f"{what}."
+            changes = "; ".join(self._changes)
+            return f"{what}: {changes}." if changes else f"{what}."
         kept = min(before, self.workers)
         said = [
             _workers(

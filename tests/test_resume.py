@@ -4,6 +4,7 @@ for the strategy's topology), its stamps and refusals, and the workers'
 global batch. The runs across processes are in tests/test_multi_worker.py.
 """
 
+import json
 import os
 import shutil
 import types
@@ -21,6 +22,7 @@ from keras_clones.multi_worker import agreement
 from keras_clones.multi_worker.backup import STATE_DIRECTORY
 from keras_clones.multi_worker.backup import WorkerBackup
 from keras_clones.multi_worker.backup import for_this_worker
+from keras_clones.worker_backup import MARK
 
 
 def topology(worker=0, workers=1):
@@ -473,6 +475,33 @@ def test_another_period_at_a_periods_end_resumes_and_says_so(tmp_path, capsys):
         "communication_period is now 2 (it was 3)."
     ) in capsys.readouterr().out
     assert int(resumed.optimizer.communication_rounds.numpy()) == 2 + 1
+
+
+@pytest.mark.parametrize("agn", [True, False])
+def test_another_global_batch_resumes_and_says_so(tmp_path, capsys, agn):
+    # The chief's mark records the global batch `fit` was given (here 16,
+    # as `run_as_worker` computes it): a resume at 24 says so.
+    def model():
+        if agn:
+            return agn_model()
+        plain = mlp(extra_losses=False)
+        plain.compile("adam", "sparse_categorical_crossentropy")
+        return plain
+
+    def batch_of(size):
+        callback = keras.callbacks.BackupAndRestore(str(tmp_path))
+        return WorkerBackup(callback, topology(), str(tmp_path), size)
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(model(), batch_of(16), InterruptAtEpoch(2))
+    mark = json.loads((tmp_path / MARK).read_text())
+    assert mark == {"workers": 1, "global_batch": 16}
+    fit(model(), batch_of(24), epochs=3)
+    kept = "worker 0 keeps its own state; " if agn else ""
+    assert (
+        f"made on 1 worker, resumed on 1: {kept}the global batch is now 24 "
+        "(it was 16)."
+    ) in capsys.readouterr().out
 
 
 def test_a_backup_across_workers_without_its_workers_folder_is_refused(

@@ -343,9 +343,10 @@ def test_a_backup_made_on_two_processes_resumes_on_another_number(
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     assert f"made on 2 workers, resumed on {processes}: " in result.stdout
+    # `batch_size` (8) is per process.
     assert (
-        f"the global batch is now {processes} x batch_size (it was 2 x "
-        "batch_size)." in result.stdout
+        f"the global batch is now {8 * processes} (it was 16). `batch_size` "
+        "is per process." in result.stdout
     )
     # By hand: the first workers keep their state, a new one starts from
     # the centers, what a worker that left did since its commit is lost.

@@ -18,28 +18,30 @@ from keras_clones.worker_backup import BackupWithWorkerState
 from keras_clones.worker_backup import check_plain
 
 
-def for_this_process(callback, workers):
-    """`callback` as this process runs it across `workers` (a `Workers`):
+def for_this_process(callback, workers, global_batch=None):
+    """`callback` as this process runs it across `workers` (a `Workers`),
+    with `global_batch` examples a step across them (None: not known):
     a `keras.callbacks.BackupAndRestore` as a `ProcessBackup` (a subclass
     of it is refused, as its overrides would be lost); any other as it
     is."""
     if not isinstance(callback, keras.callbacks.BackupAndRestore):
         return callback
     check_plain(callback, "Across JAX processes keras_clones runs")
-    return ProcessBackup(callback, workers)
+    return ProcessBackup(callback, workers, global_batch)
 
 
 class ProcessBackup(BackupWithWorkerState):
     """`callback`, a `keras.callbacks.BackupAndRestore`, as this process
     runs it across `workers` (a `Workers`)."""
 
-    def __init__(self, callback, workers):
+    def __init__(self, callback, workers, global_batch=None):
         super().__init__(
             callback,
             callback.backup_dir,
             worker=workers.index,
             workers=workers.count,
             is_chief=workers.is_chief,
+            global_batch=global_batch,
         )
         self.writes_keras_backup = workers.is_chief
         self._workers = workers
@@ -57,6 +59,8 @@ class ProcessBackup(BackupWithWorkerState):
         said = super().resume_line(metadata, step, before, agn)
         if before is None or before == self.workers:
             return said
+        if self.batch_changed:  # The line gave the numbers.
+            return f"{said} `batch_size` is per process."
         return (
             f"{said} `batch_size` is per process: the global batch is now "
             f"{self.workers} x batch_size (it was {before} x batch_size)."

@@ -287,8 +287,12 @@ def _across(model, options, callbacks):
     _ACROSS.add(model)
     if options["verbose"] == "auto" and not own.is_chief:
         options["verbose"] = 0
+    # `batch_size` is per process (Keras's, 32 by default, for arrays).
+    batch = None
+    if _rows(options["x"]) is not None:
+        batch = own.count * (options["batch_size"] or 32)
     callbacks = [
-        backup.for_this_process(callback, own)
+        backup.for_this_process(callback, own, batch)
         for callback in callbacks
         if own_writer(callback, own)
     ]

@@ -138,6 +138,19 @@ def _all_gather(strategy, values):
     return strategy.run(gather_one)
 
 
+def global_batch(x, batch_size):
+    """The examples of one step across the workers, as `fit` takes `x`:
+    a `tf.data.Dataset`'s batch where tf.data can tell, or `batch_size`
+    (32 if None) for arrays; None where it is not known. With the
+    sentence that says where it comes from."""
+    if isinstance(x, tf.data.Dataset):
+        size = int(data_ops.compute_batch_size(x))  # -1: not known.
+        return (size if size > 0 else None), "the dataset's batches hold"
+    if hasattr(x, "shape") or isinstance(x, (list, tuple, dict)):
+        return (32 if batch_size is None else batch_size), "`batch_size` is"
+    return None, None
+
+
 def check_global_batch(strategy, x, batch_size):
     """Raises a `ValueError` where the global batch, where known, does not
     divide by the workers: each trains on an equal part of every batch.
@@ -148,15 +161,8 @@ def check_global_batch(strategy, x, batch_size):
             `batch_size` (32 if None); anything else is not checked.
     """
     workers = strategy.num_replicas_in_sync
-    if isinstance(x, tf.data.Dataset):
-        size = int(data_ops.compute_batch_size(x))  # -1: not known.
-        given = "the dataset's batches hold"
-    elif hasattr(x, "shape") or isinstance(x, (list, tuple, dict)):
-        size = 32 if batch_size is None else batch_size
-        given = "`batch_size` is"
-    else:
-        return
-    if size > 0 and size % workers:
+    size, given = global_batch(x, batch_size)
+    if size is not None and size % workers:
         lower = size - size % workers
         raise ValueError(
             f"The global batch does not divide by the {workers} workers: "

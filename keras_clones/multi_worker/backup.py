@@ -10,12 +10,12 @@ from keras_clones.worker_backup import BackupWithWorkerState
 from keras_clones.worker_backup import check_plain
 
 
-def for_this_worker(callback, strategy, directory):
+def for_this_worker(callback, strategy, directory, global_batch=None):
     """`callback`, a `keras.callbacks.BackupAndRestore`, as this worker
     runs it (a `WorkerBackup`); a subclass of it is refused, as its
     overrides would be lost."""
     check_plain(callback, "Across workers keras_clones runs")
-    return WorkerBackup(callback, strategy, directory)
+    return WorkerBackup(callback, strategy, directory, global_batch)
 
 
 class WorkerBackup(BackupWithWorkerState):
@@ -27,9 +27,10 @@ class WorkerBackup(BackupWithWorkerState):
         strategy: The `MultiWorkerMirroredStrategy`.
         directory: Where Keras's files are read and written: the backup
             directory on the chief, a scratch copy of it on the others.
+        global_batch: The examples of one step across the workers, or None.
     """
 
-    def __init__(self, callback, strategy, directory):
+    def __init__(self, callback, strategy, directory, global_batch=None):
         super().__init__(
             callback,
             directory,
@@ -37,4 +38,5 @@ class WorkerBackup(BackupWithWorkerState):
             worker=strategy.cluster_resolver.task_id or 0,
             workers=strategy.num_replicas_in_sync,
             is_chief=bool(strategy.extended.should_checkpoint),
+            global_batch=global_batch,
         )

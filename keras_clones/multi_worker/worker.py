@@ -35,13 +35,14 @@ def run_as_worker(model, method, args, kwargs):
     bound.apply_defaults()
     arguments = bound.arguments
     callbacks = arguments.get("callbacks")
+    batch = _global_batch_for_backups(arguments)
     if not topology.across_workers(strategy):
         agreement.check_in_strategy_scope(model)
         if topology.one_replica_per_worker(strategy) and isinstance(
             callbacks, (list, tuple)
         ):
             # One worker: it may resume a backup made on several.
-            arguments["callbacks"] = _chiefs(strategy, callbacks)
+            arguments["callbacks"] = _chiefs(strategy, callbacks, batch)
         return method(*bound.args, **bound.kwargs)
     inside_fit = internals.called_by_fit(callbacks)
     try:
@@ -61,7 +62,7 @@ def run_as_worker(model, method, args, kwargs):
             tf.random.set_seed(agreement.chief_seed(strategy))
         if not topology.other_worker(strategy):
             if isinstance(callbacks, (list, tuple)):
-                arguments["callbacks"] = _chiefs(strategy, callbacks)
+                arguments["callbacks"] = _chiefs(strategy, callbacks, batch)
             return method(*bound.args, **bound.kwargs)
         if arguments.get("verbose") == "auto":
             arguments["verbose"] = 0
@@ -69,25 +70,39 @@ def run_as_worker(model, method, args, kwargs):
             return method(*bound.args, **bound.kwargs)
         with files.scratch_directory(strategy) as scratch:
             arguments["callbacks"] = _other_workers(
-                strategy, callbacks, scratch
+                strategy, callbacks, scratch, batch
             )
             return method(*bound.args, **bound.kwargs)
     except _LOST_WORKER_ERRORS as e:
         raise type(e)(e.node_def, e.op, _lost_worker_message(e)) from None
 
 
-def _chiefs(strategy, callbacks):
+def _global_batch_for_backups(arguments):
+    """The global batch of `fit`'s `arguments` where a `BackupAndRestore`
+    records it, else None."""
+    callbacks = arguments.get("callbacks")
+    if not isinstance(callbacks, (list, tuple)) or not any(
+        isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks
+    ):
+        return None
+    return agreement.global_batch(
+        arguments.get("x"), arguments.get("batch_size")
+    )[0]
+
+
+def _chiefs(strategy, callbacks, global_batch):
     """The chief's callbacks: a `BackupAndRestore` saves each worker's own
-    state beside its backup (`backup.WorkerBackup`)."""
+    state beside its backup (`backup.WorkerBackup`), and records
+    `global_batch`."""
     return [
-        backup.for_this_worker(c, strategy, c.backup_dir)
+        backup.for_this_worker(c, strategy, c.backup_dir, global_batch)
         if isinstance(c, keras.callbacks.BackupAndRestore)
         else c
         for c in callbacks
     ]
 
 
-def _other_workers(strategy, callbacks, scratch):
+def _other_workers(strategy, callbacks, scratch, global_batch):
     """Another worker's callbacks: those that write files write under
     `scratch`, a `BackupAndRestore` restores the chief's backup from a copy
     there, and saves its own state beside the chief's."""
@@ -96,7 +111,9 @@ def _other_workers(strategy, callbacks, scratch):
         directory = os.path.join(scratch, str(i))
         if isinstance(callback, keras.callbacks.BackupAndRestore):
             copy = files.copy_of_backup(callback.backup_dir, directory)
-            mine.append(backup.for_this_worker(callback, strategy, copy))
+            mine.append(
+                backup.for_this_worker(callback, strategy, copy, global_batch)
+            )
         else:
             mine.append(files.redirected(callback, directory))
     return mine
