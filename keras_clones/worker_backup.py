@@ -274,17 +274,26 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         if metadata is None:
             return  # Nothing was backed up: training starts.
         step = int(self.model.optimizer.iterations.numpy())
-        files = self._saved().get(step, {})
         agn = agn_optimizer(self.model.optimizer)
-        before = self._check_complete(step, files, agn is not None)
-        self._changes = self._batch_change() if self.is_chief else []
+        # Every worker reads and checks its files, then they agree, so that
+        # a worker whose files are broken does not leave the others waiting
+        # in their first step.
+        try:
+            before, own = self._read_files(step, metadata, agn)
+        except Exception:
+            self.failing_workers(True)
+            raise
+        failing = self.failing_workers(False)
+        if failing:
+            who = ", ".join(map(str, failing))
+            raise ValueError(
+                f"The backup in {self.shared_dir!r} cannot be restored: "
+                f"worker(s) {who} could not read their files (each one's "
+                "error says why). Restore the directory as it was saved, or "
+                "remove it to start training over."
+            )
         if agn is not None and before is not None:
-            kinds = arrays = None
-            if self.worker < before:
-                kinds, arrays = self._read_own(
-                    files[self.worker][1], metadata, agn
-                )
-            agn.restore_worker_state(kinds, arrays, before)
+            agn.restore_worker_state(*own, before)
         self._resumed = True
         if self.is_chief:
             print(self.resume_line(metadata, step, before, agn), flush=True)
@@ -298,6 +307,24 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
                 "ends (`save_freq='epoch'`).",
                 stacklevel=2,
             )
+
+    def failing_workers(self, failing):
+        """Every worker's `failing` (this one's: whether reading its files
+        failed), gathered: the indices of those that failed. Each backend's
+        callback gathers them across its workers; alone, this one's."""
+        return [self.worker] if failing else []
+
+    def _read_files(self, step, metadata, agn):
+        """The number of workers the backup was made on (None: no stamps)
+        and this worker's own `(kinds, arrays)` at `step` (None each where
+        it has none), checked."""
+        files = self._saved().get(step, {})
+        before = self._check_complete(step, files, agn is not None)
+        self._changes = self._batch_change() if self.is_chief else []
+        own = (None, None)
+        if agn is not None and before is not None and self.worker < before:
+            own = self._read_own(files[self.worker][1], metadata, agn)
+        return before, own
 
     def _check_complete(self, step, files, every_worker):
         """The number of workers the backup was made on, after checking

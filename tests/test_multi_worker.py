@@ -434,6 +434,37 @@ def test_a_backup_of_2_workers_resumes_on_1_and_on_3_as_by_hand(
     ) in output
 
 
+def test_a_workers_broken_file_fails_every_worker_at_once(resized):
+    # Worker 1's state file cut short: worker 1 names it, and worker 0,
+    # whose own file is whole, fails beside it instead of waiting in its
+    # first step until the launcher's grace period (60 s) or a heartbeat.
+    from keras_clones.worker_backup import STATE_DIRECTORY
+
+    out, _ = resized
+    broken = out / "resize_backups" / "gradients" / "broken"
+    (cut,) = (broken / STATE_DIRECTORY).glob("step_6.worker_1_of_2.npz")
+    cut.write_bytes(cut.read_bytes()[:100])
+    started = time.monotonic()
+    output = run(
+        *LAUNCH,
+        "--grace-period",
+        "60",
+        SCENARIOS,
+        out,
+        "broken_backup_worker",
+        fails=True,
+    )
+    assert time.monotonic() - started < 60, output
+    assert (
+        f"[worker 1] ValueError: The backup in '{broken}' cannot be read: "
+        f"'{cut}' is not a worker's state"
+    ) in output, output
+    assert (
+        f"[worker 0] ValueError: The backup in '{broken}' cannot be restored: "
+        "worker(s) 1 could not read their files"
+    ) in output, output
+
+
 def test_only_the_chief_writes_files(restarted):
     import keras
 

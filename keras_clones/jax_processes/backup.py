@@ -13,6 +13,7 @@ process, so the global batch becomes the new number of processes times
 """
 
 import keras
+import numpy as np
 
 from keras_clones.worker_backup import BackupWithWorkerState
 from keras_clones.worker_backup import check_plain
@@ -48,6 +49,10 @@ class ProcessBackup(BackupWithWorkerState):
 
     def after_own_state(self):
         self._workers.any(False)  # Every process wrote its own state.
+
+    def failing_workers(self, failing):
+        flags = self._workers.gather(np.int32(bool(failing)))
+        return [int(i) for i in np.flatnonzero(np.asarray(flags))]
 
     def on_train_end(self, logs=None):
         # The directory is the chief's to remove (Keras's

@@ -122,6 +122,13 @@ def chief_seed(strategy):
     return sum(values[0] for values in _gathered(strategy, [seed]))
 
 
+def failing_workers(strategy, failing):
+    """The workers whose `failing` (a bool, this worker's) holds, from one
+    all-gather: every worker must call it."""
+    gathered = _gathered(strategy, [int(bool(failing))])
+    return [worker for worker, (flag,) in enumerate(gathered) if flag]
+
+
 def _gathered(strategy, values):
     """Every worker's list of integers `values` (of one length on every
     worker), as one list per worker, on every worker."""

@@ -3,6 +3,7 @@ backup with each worker's own state (`keras_clones.worker_backup`) as a
 worker of a `MultiWorkerMirroredStrategy` runs it.
 """
 
+from keras_clones.multi_worker import agreement
 from keras_clones.worker_backup import STATE_DIRECTORY  # noqa: F401
 from keras_clones.worker_backup import TRAINING  # noqa: F401
 from keras_clones.worker_backup import TRAINING_AGAIN  # noqa: F401
@@ -40,3 +41,9 @@ class WorkerBackup(BackupWithWorkerState):
             is_chief=bool(strategy.extended.should_checkpoint),
             global_batch=global_batch,
         )
+
+    def failing_workers(self, failing):
+        strategy = self.model.distribute_strategy
+        if strategy.num_replicas_in_sync == 1:
+            return super().failing_workers(failing)
+        return agreement.failing_workers(strategy, failing)

@@ -108,7 +108,8 @@ def worker(out, index):
                 dataset(), epochs=BACKED_UP, verbose=0, callbacks=[backup]
             )
             if index == 0:
-                for other in RESUMED_ON:
+                # "broken": for broken_backup_worker.py.
+                for other in (*RESUMED_ON, "broken"):
                     shutil.copytree(
                         os.path.join(copies, "2"),
                         os.path.join(copies, str(other)),
