@@ -19,9 +19,11 @@ the workers do the training.
 import argparse
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -30,6 +32,7 @@ if __package__:
     from keras_clones.task_environment import keras_backend
     from keras_clones.task_environment import task_environment
     from keras_clones.worker_output import ErrorLine
+    from keras_clones.worker_output import LogFile
     from keras_clones.worker_output import read_lines
 else:
     # Run as a file (`bench/launching.py`), without the package, whose
@@ -39,6 +42,7 @@ else:
     from task_environment import keras_backend
     from task_environment import task_environment
     from worker_output import ErrorLine
+    from worker_output import LogFile
     from worker_output import read_lines
 
 # How long stopped workers get to exit after SIGTERM before SIGKILL, and how
@@ -461,8 +465,12 @@ def launch_parameter_servers(
     process gets a `TF_CONFIG` naming the cluster (jobs `chief`, `worker`,
     `ps`) and its own task, so that the script builds its strategy with
     `tf.distribute.ParameterServerStrategy(
-    tf.distribute.cluster_resolver.TFConfigClusterResolver())`. Output is
-    prefixed with `[coordinator]`, `[worker i]` and `[ps j]`.
+    tf.distribute.cluster_resolver.TFConfigClusterResolver())`. The
+    coordinator's output is printed, prefixed with `[coordinator]`; the
+    servers' goes to a log file each (`worker_i.log`, `ps_j.log`, in a
+    temporary directory), named when the server fails and removed after a
+    run where none did; with `verbose`, it is printed too, prefixed with
+    `[worker i]` and `[ps j]`.
 
     A worker that dies is reported and training goes on: the coordinator
     runs its work on the other workers; with `restart_workers` (no limit)
@@ -494,6 +502,12 @@ def launch_parameter_servers(
     }
     lock = threading.Lock()
     error_lines = {task: ErrorLine() for task in names}
+    logs = tempfile.mkdtemp(prefix="keras_clones_servers_")
+    log_paths = {
+        task: os.path.join(logs, f"{names[task].replace(' ', '_')}.log")
+        for task in names
+        if task[0] != "chief"
+    }
     processes, readers = {}, []
     try:
         # The servers first, so that the coordinator finds them.
@@ -502,13 +516,17 @@ def launch_parameter_servers(
 
         def read(task):
             prefix = f"[{names[task]}] "
+            watchers = [error_lines[task]]
+            if task in log_paths:
+                watchers.append(LogFile(log_paths[task]))
             readers.append(
                 read_lines(
                     processes[task],
                     prefix,
                     lock,
-                    error_lines[task],
+                    *watchers,
                     verbose=verbose,
+                    shown=verbose or task not in log_paths,
                 )
             )
 
@@ -527,7 +545,7 @@ def launch_parameter_servers(
             return True
 
         exit_code, failed = _wait_parameter_servers(
-            processes, names, grace_period, lock, restart
+            processes, names, log_paths, grace_period, lock, restart
         )
     finally:
         _stop(list(processes.values()))
@@ -538,15 +556,27 @@ def launch_parameter_servers(
         detail = f": {line[:_MAX_ERROR_LINE]}" if line else ""
         hint = error_lines[task].hint
         detail += f" {hint}" if hint else ""
+        detail += _output_of(log_paths, task)
         _log(f"summary: {names[task]} {_failure(code)}{detail}", lock)
+    if not any(task in log_paths for task, _ in failed):
+        shutil.rmtree(logs, ignore_errors=True)
     return exit_code
 
 
-def _wait_parameter_servers(processes, names, grace_period, lock, restart):
-    """Waits for the coordinator; reports dead workers and `restart`s them
-    (it says whether it did); after a parameter server dies, waits
-    `grace_period` more. Returns the exit code and the `(task, code)` of
-    what failed."""
+def _output_of(log_paths, task):
+    """Where a server's output is, said after what happened to it."""
+    if task not in log_paths:
+        return ""
+    return f" (its output: {log_paths[task]})"
+
+
+def _wait_parameter_servers(
+    processes, names, log_paths, grace_period, lock, restart
+):
+    """Waits for the coordinator; reports dead workers (naming their
+    `log_paths`) and `restart`s them (it says whether it did); after a
+    parameter server dies, waits `grace_period` more. Returns the exit
+    code and the `(task, code)` of what failed."""
     coordinator = ("chief", 0)
     failed, deadline, exit_code = [], None, 0
     while True:
@@ -556,7 +586,10 @@ def _wait_parameter_servers(processes, names, grace_period, lock, restart):
                 continue
             if task[0] == "worker":
                 failed.append((task, code))
-                message = f"{names[task]} {_failure(code)}; training goes on"
+                message = (
+                    f"{names[task]} {_failure(code)}"
+                    f"{_output_of(log_paths, task)}; training goes on"
+                )
                 if restart(task):
                     message += ": restarting it"
                 else:
@@ -569,7 +602,8 @@ def _wait_parameter_servers(processes, names, grace_period, lock, restart):
                     if grace_period > 0
                     else "everything is stopped at once (--grace-period 0)"
                 )
-                _log(f"{names[task]} {_failure(code)}; {then}.", lock)
+                output = _output_of(log_paths, task)
+                _log(f"{names[task]} {_failure(code)}{output}; {then}.", lock)
                 failed.append((task, code))
                 exit_code = code if code > 0 else 128 - code
                 deadline = time.monotonic() + grace_period

@@ -72,28 +72,48 @@ _HINTS = (
 )
 
 
-def read_lines(process, prefix, lock, *watchers, verbose=False):
+def read_lines(process, prefix, lock, *watchers, verbose=False, shown=True):
     """A started thread printing `process`'s lines with `prefix` (without
-    `_NOISE`, unless `verbose`), each fed to `watchers` first."""
+    `_NOISE`, unless `verbose`; none unless `shown`), each fed to
+    `watchers` first."""
     reader = threading.Thread(
         target=_print_lines,
-        args=(process.stdout, prefix, lock, watchers, verbose),
+        args=(process.stdout, prefix, lock, watchers, verbose, shown),
         daemon=True,
     )
     reader.start()
     return reader
 
 
-def _print_lines(stream, prefix, lock, watchers, verbose):
+def _print_lines(stream, prefix, lock, watchers, verbose, shown):
     with stream:
         for line in stream:
             line = line.rstrip("\n")
             for watcher in watchers:
                 watcher.feed(line)
-            if not verbose and _NOISE.match(line):
+            if not shown or (not verbose and _NOISE.match(line)):
                 continue
             with lock:
                 print(prefix + line, flush=True)
+    for watcher in watchers:
+        if hasattr(watcher, "close"):  # A `LogFile`.
+            watcher.close()
+
+
+class LogFile:
+    """Keeps a process's lines in the file `path` (appended: a process
+    started again goes on in it)."""
+
+    def __init__(self, path):
+        self.path = path
+        self._file = open(path, "a")  # noqa: SIM115 (closed at the end)
+
+    def feed(self, line):
+        self._file.write(line + "\n")
+        self._file.flush()
+
+    def close(self):
+        self._file.close()
 
 
 class ErrorLine:

@@ -894,14 +894,21 @@ def test_parameter_servers_restart_a_dead_worker_while_restarts_are_left(
         processes[("chief", 0)].returncode = 0
 
     threading.Thread(target=coordinator_ends_later).start()
+    log_paths = {("worker", 0): "/logs/worker_0.log"}
     code, failed = launch_module._wait_parameter_servers(
-        processes, names, 0.0, threading.Lock(), restart
+        processes, names, log_paths, 0.0, threading.Lock(), restart
     )
 
     assert code == 0
     assert failed == [(("worker", 0), -9)] * 2
     err = capsys.readouterr().err
-    assert err.count("worker 0 was killed by SIGKILL; training goes on") == 2
+    assert (
+        err.count(
+            "worker 0 was killed by SIGKILL (its output: /logs/worker_0.log); "
+            "training goes on"
+        )
+        == 2
+    )
     assert err.count("training goes on: restarting it.") == 1
     assert ("worker", 0) not in processes
 
