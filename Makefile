@@ -31,8 +31,9 @@ $(JAX_STAMP): pyproject.toml
 	$(JAX_VENV)/bin/python -m pip install --quiet -e ".[jax,test-jax]"
 	touch $(JAX_STAMP)
 
+# Without TensorFlow's log lines (as the launcher prints a worker's).
 demo: setup
-	$(BIN)/python examples/train_digits.py
+	$(BIN)/python keras_clones/worker_output.py $(BIN)/python examples/train_digits.py
 
 # The timing-sensitive tests (marked alone) first, beside nothing; then
 # the rest on two pytest-xdist workers (CI has 2 cores), the tests that

@@ -3,9 +3,16 @@
 and the error line that ended it (`ErrorLine`), with a hint where the error
 is a known one. `keras_clones.launch` uses them; standard library only, as
 the launcher.
+
+`python keras_clones/worker_output.py COMMAND...` runs a command with its
+output printed as the launcher prints a worker's, without a prefix (`make
+demo` runs the demo so), and exits with its exit code.
 """
 
+import os
 import re
+import subprocess
+import sys
 import threading
 
 _TRACEBACK = "Traceback (most recent call last):"
@@ -170,3 +177,24 @@ class ErrorLine:
             if pattern.match(first_line):
                 return hint
         return None
+
+
+def run_quietly(command):
+    """Runs `command` (a list) with its output and errors printed as one,
+    without `_NOISE`; its exit code."""
+    process = subprocess.Popen(
+        command,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
+    reader = read_lines(process, "", threading.Lock())
+    code = process.wait()
+    reader.join()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(run_quietly(sys.argv[1:]))

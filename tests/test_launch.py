@@ -1019,3 +1019,38 @@ def test_tensorflows_log_lines_below_errors_are_left_out_unless_verbose(
 
     printed = worker_lines(capsys.readouterr().out, 0)
     assert printed == (TENSORFLOW_NOISE + KEPT if verbose else KEPT)
+
+
+def test_run_quietly_prints_a_commands_output_less_tensorflows_log_lines():
+    # As `make demo` runs the demo: TensorFlow's and absl's lines written to
+    # fd 2 are left out, errors and the program's own lines kept, and the
+    # exit code is the command's.
+    program = (
+        "import os, sys\n"
+        "os.write(2, b'WARNING: All log messages before absl::InitializeLog() "
+        "is called are written to STDERR\\n')\n"
+        "os.write(2, b'I0000 00:00:1.0 1 port.cc:153] oneDNN custom\\n')\n"
+        "os.write(2, b'E0000 00:00:1.0 1 cuda_platform.cc:52] failed call to "
+        "cuInit: INTERNAL\\n')\n"
+        "print('epoch 1  loss 0.5')\n"
+        "os.write(2, b'E0000 00:00:1.0 1 collective_ops.cc:1] a real "
+        "error\\n')\n"
+        "sys.exit(4)\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            ROOT / "keras_clones" / "worker_output.py",
+            sys.executable,
+            "-c",
+            program,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 4
+    assert result.stdout.splitlines() == [
+        "epoch 1  loss 0.5",
+        "E0000 00:00:1.0 1 collective_ops.cc:1] a real error",
+    ]
