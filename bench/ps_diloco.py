@@ -1,7 +1,7 @@
 """DiLoCo on 2 asynchronous parameter-server workers: loss and held-out
 accuracy per epoch, against 2 synchronous workers and one process.
 
-What it measures: the README's DiLoCo recipe (inner `AdamW(1e-3)`, period
+What it measures: docs/agn.md's DiLoCo recipe (inner `AdamW(1e-3)`, period
 5, the undivided weight change, outer `SGD(0.7, momentum=0.9,
 nesterov=True)`) as a `keras_clones.CloneModel` on scikit-learn's digits
 (1,347 training and 450 held-out, the examples' split), an MLP 64-128-10,

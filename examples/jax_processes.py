@@ -62,7 +62,7 @@ def main():
             keras.layers.Dense(10),
         ]
     )
-    optimizer = AGNOptimizer(  # The README's DiLoCo recipe.
+    optimizer = AGNOptimizer(  # docs/agn.md's DiLoCo recipe.
         keras.optimizers.AdamW(1e-3),
         communication_period=8,
         outer_optimizer=keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),

@@ -3,7 +3,7 @@
     python examples/multi_worker_resume.py
 
 trains the digits MLP on 2 local workers (`python -m keras_clones.launch`)
-with the README's DiLoCo recipe (inner AdamW, outer Nesterov SGD, period
+with docs/agn.md's DiLoCo recipe (inner AdamW, outer Nesterov SGD, period
 8) and `keras.callbacks.BackupAndRestore` twice:
 
 1. uninterrupted;

@@ -137,8 +137,8 @@ def main(argv=None):
         "L2 term included; their mean (by rows) is `loss`."
     )
     print(
-        "Next: README.md (Usage, What CloneModel guarantees, "
-        "Replicated variables, AGNOptimizer, Multi-worker training),\n"
+        "Next: docs/clone_model.md (CloneModel, its guarantees, "
+        "replicated variables), docs/agn.md, docs/multi_worker.md,\n"
         "  python examples/agn_periods.py            AGN against synchronous "
         "training\n"
         "  python examples/callbacks_tensorboard.py  AGN, callbacks and "

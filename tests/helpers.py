@@ -19,7 +19,7 @@ def python_path_with_tests():
 
 
 # name: (AGNOptimizer's options, the inner optimizer and the outer one as
-# Keras optimizers and by hand, tests/reference). The README's recipes.
+# Keras optimizers and by hand, tests/reference). docs/agn.md's recipes.
 RULES = {
     "contrib": (
         {},

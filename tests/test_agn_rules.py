@@ -1,7 +1,7 @@
 """AGNOptimizer's commit rules and 16-bit commits against hand computations.
 
 One variable, random gradients, period 3, in one process: each rule's local
-weights and centers after every step, as the README's recipes write them.
+weights and centers after every step, as docs/agn.md's recipes write them.
 """
 
 import keras

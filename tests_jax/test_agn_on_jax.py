@@ -1,5 +1,5 @@
 """AGNOptimizer on Keras's JAX backend, against AGN by hand
-(tests/reference): the README's recipes through `stateless_apply`, as
+(tests/reference): docs/agn.md's recipes through `stateless_apply`, as
 Keras's JAX trainer runs it, and whole models through `fit`, in one
 process and under `keras.distribution.DataParallel` over two devices."""
 

@@ -55,7 +55,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
 
     That is the default rule; `commit="weight_change"` commits the change
     of the local weights instead, and `normalize=False` leaves the commit
-    undivided (see `commit` below and the README's four recipes).
+    undivided (see `commit` below and the four recipes of docs/agn.md).
 
     With the default outer optimizer (a fresh copy of the inner one),
     `communication_period=1` trains exactly as the bare inner optimizer: the
@@ -132,7 +132,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             period. The commit in flight is applied at the end of `fit`,
             before a `CloneModel` evaluates, and by
             `assign_global_centers()`; `model.save` and checkpoints keep it
-            in flight. See the README's "Overlapped commits".
+            in flight. See docs/agn.md#overlapped-commits.
         mixing: With `overlap=True`, the weight of the local weights when
             a commit arrives, in [0, 1]; by default 0.5 (0 takes the
             centers). Only with `overlap=True`.
@@ -143,7 +143,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             1/`fragments` of the model. It must divide the period; the
             outer optimizer then runs on each fragment apart (its own state
             and step count) and must update each element on its own (see
-            the README's "Fragmented commits").
+            docs/agn.md#fragmented-commits).
         delayed_nesterov: How an outer `keras.optimizers.SGD` with momentum
             takes commits that arrive one worker at a time: None (the
             default) delays its momentum step to every N-th commit, on
