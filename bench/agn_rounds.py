@@ -36,13 +36,13 @@ per epoch (one pass over the training digits), one execution per epoch
 seed sets the initial weights and the order of the data (the shuffle), not
 the split.
 
-How: one launch of `keras_clones.launch` (its `launch.py`, found without
-importing the package) starts 2 workers running this script with
-`--worker`; each worker starts TensorFlow once and builds a fresh model and
-optimizer per configuration and seed inside the same strategy. After every
-epoch a callback saves the local weights, `assign_global_centers()`,
-scores the held-out digits, and restores the local weights (training
-continues exactly), recording (epoch, all-reduces so far, accuracy).
+How: one launch of `python -m keras_clones.launch` starts 2 workers running
+this script with `--worker`; each worker starts TensorFlow once and builds a
+fresh model and optimizer per configuration and seed inside the same
+strategy. After every epoch a callback saves the local weights,
+`assign_global_centers()`, scores the held-out digits, and restores the
+local weights (training continues exactly), recording (epoch, all-reduces so
+far, accuracy).
 
 Data budget: synchronous training runs 30 epochs; it levels off at the
 first epoch from which the mean accuracy over its seeds stays within 0.5

@@ -163,7 +163,7 @@ def command(name, args):
     env.pop("XLA_FLAGS", None)  # One device per process.
     steps = ["--steps", str(args.steps), "--epochs", str(args.epochs)]
     steps += ["--steps-per-execution", str(execution)]
-    launch = [launching.launch_script(), "--workers", "2"]
+    launch = [*launching.LAUNCH, "--workers", "2"]
     launch += ["--grace-period", "10"]
     if side == "jax":
         env["KERAS_BACKEND"] = "jax"

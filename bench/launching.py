@@ -14,15 +14,9 @@ import subprocess
 import sys
 import threading
 
-
-def launch_script():
-    """The path of `keras_clones/launch.py`, found without importing the
-    package, whose `__init__` imports TensorFlow (seconds of start-up per
-    launch, on the cores the workers start on); `launch.py` itself imports
-    only the standard library and `ports.py` beside it.
-    """
-    package = importlib.util.find_spec("keras_clones")
-    return os.path.join(package.submodule_search_locations[0], "launch.py")
+# The launcher, after a Python's path: `python -m keras_clones.launch`
+# imports neither Keras nor TensorFlow (`keras_clones/__init__.py`).
+LAUNCH = ("-m", "keras_clones.launch")
 
 
 def tf_keras_installed():
@@ -82,7 +76,8 @@ def run_process(command, timeout, env=None, on_line=None):
 
 
 def run_launch(workers, arguments, timeout, env=None, on_line=None, wrap=None):
-    """Runs `launch.py --workers N --grace-period 10 ARGUMENTS...` as
+    """Runs `python -m keras_clones.launch --workers N --grace-period 10
+    ARGUMENTS...` as
     `run_process` runs a command: stopped with its workers after `timeout`
     seconds.
 
@@ -96,7 +91,7 @@ def run_launch(workers, arguments, timeout, env=None, on_line=None, wrap=None):
     Returns:
         As `run_process`: the exit status and the lines of output.
     """
-    command = [sys.executable, launch_script(), "--workers", str(workers)]
+    command = [sys.executable, *LAUNCH, "--workers", str(workers)]
     command += ["--grace-period", "10", *arguments]
     if wrap is not None:
         command = wrap(command)
@@ -125,8 +120,8 @@ def print_failure(name, status, lines):
 
 def package_module(name):
     """The module `keras_clones.<name>`, loaded from its file without
-    importing the package (see `launch_script`); for modules that import
-    only the standard library, such as `cost_model`."""
+    importing the package, whose `__init__` imports TensorFlow; for modules
+    that import only the standard library, such as `cost_model`."""
     package = importlib.util.find_spec("keras_clones")
     path = os.path.join(package.submodule_search_locations[0], f"{name}.py")
     spec = importlib.util.spec_from_file_location(f"keras_clones_{name}", path)

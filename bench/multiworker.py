@@ -24,21 +24,21 @@ synthetic data, for these variants:
    one every step. tf-keras all-reduces the gradients every step either way;
    its x10 variant shows what fewer calls from Python alone give.
 
-How: each variant is a separate run of `keras_clones.launch` (its
-`launch.py`: the package itself would import TensorFlow into the launcher)
-with 1 or 2 workers on 127.0.0.1, every worker running this script with
-`--worker` (the 1-worker variants too, so that all use the same strategy).
-R repeats run the variants round robin (A B C ... A B C ...), so that
-machine noise hits all alike. Each worker builds the model from the same
-seed and trains one `fit` of E epochs of S steps on a cached, repeated
-`tf.data` pipeline batched to the global batch (auto-sharding by data gives
-each of 2 workers 128 rows of every batch). The first epoch (tracing,
-warm-up) is not timed; the chief prints the steps/s of epochs 2..E (from
-`on_epoch_begin` to `on_epoch_end`) and the last epoch's loss. The driver
-prints, per variant, the best-of and the median over the repeats, then the
-ratios (of the best-ofs, of the medians, and the median of each repeat's
-ratio) that the goals are about: keras_clones 2w >= tf-keras 2w, and
-AGN(10) 2w x10 >= 2 x tf-keras 2w, with 1 and with 10 steps per execution.
+How: each variant is a separate run of `python -m keras_clones.launch`
+(which imports no TensorFlow into the launcher) with 1 or 2 workers on
+127.0.0.1, every worker running this script with `--worker` (the 1-worker
+variants too, so that all use the same strategy). R repeats run the variants
+round robin (A B C ... A B C ...), so that machine noise hits all alike.
+Each worker builds the model from the same seed and trains one `fit` of E
+epochs of S steps on a cached, repeated `tf.data` pipeline batched to the
+global batch (auto-sharding by data gives each of 2 workers 128 rows of
+every batch). The first epoch (tracing, warm-up) is not timed; the chief
+prints the steps/s of epochs 2..E (from `on_epoch_begin` to `on_epoch_end`)
+and the last epoch's loss. The driver prints, per variant, the best-of and
+the median over the repeats, then the ratios (of the best-ofs, of the
+medians, and the median of each repeat's ratio) that the goals are about:
+keras_clones 2w >= tf-keras 2w, and AGN(10) 2w x10 >= 2 x tf-keras 2w, with
+1 and with 10 steps per execution.
 
 All-reduces of AGN: `optimizer.communication_rounds` read at the start and
 end of the timed epochs, per 100 timed steps (x10 variants are left out of

@@ -34,9 +34,10 @@ and 4 workers:
    installed (`make bench-ps` runs in `.venv-bench`, which has it);
 4. `keras_clones MWMS Nw`: keras_clones's synchronous multi-worker path, the
    same `CloneModel` under `tf.distribute.MultiWorkerMirroredStrategy`, N
-   worker processes started by `keras_clones/launch.py` on 127.0.0.1 (as in
-   `bench/multiworker.py`), a global batch of 128 x N auto-sharded by data
-   (128 rows per worker), the gradients all-reduced every step.
+   worker processes started by `python -m keras_clones.launch` on
+   127.0.0.1 (as in `bench/multiworker.py`), a global batch of 128 x N
+   auto-sharded by data (128 rows per worker), the gradients all-reduced
+   every step.
 5. `Keras in one process 1w`: the machine's bound, once per repeat: a plain
    `keras.Model` (Keras 3) trained by `fit` in one process without a
    strategy, batches of 128, at the largest `--steps-per-execution`, every

@@ -1,8 +1,7 @@
 """Free TCP ports on 127.0.0.1, for local clusters (`keras_clones.launch`,
 `keras_clones.parameter_server.cluster`).
 
-Standard library only: `launch.py`, run as a file without the package
-(`bench/launching.py`), imports this module beside it.
+Standard library only, as the launcher.
 """
 
 import socket

@@ -1,7 +1,6 @@
 """What tells a launched task where it stands in its cluster: Keras's
 `KERAS_DISTRIBUTION_*` variables for workers on JAX, `TF_CONFIG` for
-TensorFlow's. Standard library only: `launch.py` runs without the package
-(`bench/launching.py`).
+TensorFlow's. Standard library only, as the launcher.
 """
 
 import json

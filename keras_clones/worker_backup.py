@@ -42,7 +42,7 @@ STATE_DIRECTORY = "keras_clones_workers"
 # process (or by an older keras_clones), resumed from the chief's state.
 MARK = "keras_clones_workers.json"
 # What the chief prints at its first step: after a resume, and otherwise
-# (the launcher reads them: `keras_clones.launch._TRAINING`).
+# (the launcher reads them: `keras_clones.launcher.workers.TRAINING`).
 TRAINING = "keras_clones: training"
 TRAINING_AGAIN = f"{TRAINING} again"
 _NAME = re.compile(r"step_(\d+)\.worker_(\d+)_of_(\d+)\.npz$")

@@ -15,10 +15,12 @@ import time
 
 import pytest
 
-from keras_clones import launch as launch_module
 from keras_clones import worker_output
 from keras_clones.launch import launch
 from keras_clones.launch import main
+from keras_clones.launcher import parameter_servers
+from keras_clones.launcher import processes
+from keras_clones.launcher import workers
 from keras_clones.ports import free_ports
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -144,7 +146,7 @@ def test_a_killed_worker_stops_the_others_after_the_grace_period(
 
 
 def test_a_worker_that_ignores_sigterm_is_killed(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(launch_module, "_TERMINATE_TIMEOUT", 1.0)
+    monkeypatch.setattr(processes, "TERMINATE_TIMEOUT", 1.0)
     ready = tmp_path / "ready"
     script = write_script(
         tmp_path,
@@ -224,15 +226,25 @@ def test_launch_checks_its_arguments(tmp_path):
             launch(script, max_restarts=wrong)
 
 
-def test_help_documents_slurm(capsys):
+def test_help_fits_a_screen_and_names_its_docs_page(capsys):
     with pytest.raises(SystemExit) as raised:
         main(["--help"])
 
     assert raised.value.code == 0
     out = capsys.readouterr().out
     assert "--grace-period SECONDS" in out
-    assert "SlurmClusterResolver()" in out
     assert "TF_CONFIG" in out
+    assert "docs/launcher.md" in out
+    assert len(out.splitlines()) <= 60
+
+
+def test_the_launchers_page_documents_slurm_and_the_summary():
+    page = (ROOT / "docs" / "launcher.md").read_text()
+    assert "SlurmClusterResolver()" in page
+    assert "summary" in page
+    assert "Traceback (most recent call last):" in page
+    assert " [...] " in page
+    assert "keras_clones.CloneModel" in page
 
 
 def test_python_dash_m_runs_the_workers_and_exits_with_the_failure(tmp_path):
@@ -573,13 +585,12 @@ def test_the_error_line(lines, expected):
 
 
 def summarized(lines, index=1, code=1):
-    """The summary `_summarize` prints for a worker that printed `lines`."""
+    """The summary `processes.summarize` prints for a worker that printed
+    `lines`."""
     error_line = worker_output.ErrorLine()
     for line in lines:
         error_line.feed(line)
-    launch_module._summarize(
-        [(index, code)], {index: error_line}, threading.Lock()
-    )
+    processes.summarize([(index, code)], {index: error_line}, threading.Lock())
 
 
 def test_the_summary_tells_how_to_train_a_plain_keras_model_across_workers(
@@ -662,17 +673,6 @@ def test_the_clone_model_hint_follows_the_cut(capsys):
     ]
 
 
-def test_help_documents_the_summary(capsys):
-    with pytest.raises(SystemExit):
-        main(["--help"])
-
-    out = capsys.readouterr().out
-    assert "summary" in out
-    assert "Traceback (most recent call last):" in out
-    assert " [...] " in out
-    assert "keras_clones.CloneModel" in out
-
-
 # Importing the launcher imports neither TensorFlow nor Keras.
 
 HEAVY_MODULES = ("tensorflow", "keras")
@@ -705,16 +705,6 @@ def test_python_dash_m_launch_imports_no_tensorflow_or_keras():
     assert heavy == []
 
 
-def test_launch_py_run_as_a_file_imports_ports_beside_it_not_the_package():
-    # As bench/launching.py runs it: the package's __init__ would import
-    # TensorFlow.
-    imported = launcher_help_imports("keras_clones/launch.py")
-    assert "ports" in imported
-    assert [m for m in imported if m.startswith("keras_clones")] == []
-    heavy = [m for m in imported if m.split(".")[0] in HEAVY_MODULES]
-    assert heavy == []
-
-
 def test_free_ports_are_distinct_ports_that_can_be_bound_on_localhost():
     ports = free_ports(5)
 
@@ -723,7 +713,7 @@ def test_free_ports_are_distinct_ports_that_can_be_bound_on_localhost():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", ports[0]))
     # The launcher uses the same function.
-    assert launch_module.free_ports is free_ports
+    assert workers.free_ports is parameter_servers.free_ports is free_ports
 
 
 @pytest.fixture(scope="module")
@@ -856,8 +846,8 @@ def test_a_restart_without_a_resume_says_so(tmp_path, capsys):
 def test_the_launcher_knows_the_line_a_resumed_chief_prints():
     from keras_clones.multi_worker import backup
 
-    assert launch_module._TRAINING == backup.TRAINING
-    assert launch_module._TRAINING_AGAIN == backup.TRAINING_AGAIN
+    assert workers.TRAINING == backup.TRAINING
+    assert workers.TRAINING_AGAIN == backup.TRAINING_AGAIN
 
 
 class _Exited:
@@ -895,7 +885,7 @@ def test_parameter_servers_restart_a_dead_worker_while_restarts_are_left(
 
     threading.Thread(target=coordinator_ends_later).start()
     log_paths = {("worker", 0): "/logs/worker_0.log"}
-    code, failed = launch_module._wait_parameter_servers(
+    code, failed = parameter_servers.wait_parameter_servers(
         processes, names, log_paths, 0.0, threading.Lock(), restart
     )
 
@@ -1040,7 +1030,8 @@ def test_run_quietly_prints_a_commands_output_less_tensorflows_log_lines():
     result = subprocess.run(
         [
             sys.executable,
-            ROOT / "keras_clones" / "worker_output.py",
+            "-m",
+            "keras_clones.worker_output",
             sys.executable,
             "-c",
             program,
