@@ -124,6 +124,8 @@ def package_module(name):
     that import only the standard library, such as `cost_model`."""
     package = importlib.util.find_spec("keras_clones")
     path = os.path.join(package.submodule_search_locations[0], f"{name}.py")
+    if not os.path.exists(path):  # A package of its own.
+        path = os.path.join(os.path.dirname(path), name, "__init__.py")
     spec = importlib.util.spec_from_file_location(f"keras_clones_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

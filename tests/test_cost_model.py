@@ -10,6 +10,7 @@ import pytest
 
 from keras_clones import cost_model
 from keras_clones.cost_model import StepCost
+from keras_clones.cost_model import command as cost_model_command
 
 MLP_BYTES = 1_077_288  # MLP 784-256-256-10 in float32.
 MBIT_100 = 100e6
@@ -298,7 +299,7 @@ def command(capsys, *extra, **replaced):
         for arg in (flag, value)
     ]
     try:
-        code = cost_model.main(argv + list(extra))
+        code = cost_model_command.main(argv + list(extra))
     except SystemExit as exit:
         code = exit.code
     captured = capsys.readouterr()
@@ -526,7 +527,7 @@ def test_help_says_the_bandwidth_is_bits_per_second_with_a_unit(
 ):
     monkeypatch.setenv("COLUMNS", "200")  # No line cut at a hyphen.
     with pytest.raises(SystemExit) as exit:
-        cost_model.main(["--help"])
+        cost_model_command.main(["--help"])
     assert exit.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert (

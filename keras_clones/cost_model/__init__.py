@@ -369,14 +369,3 @@ def format_bandwidth(bits):
 
 # The bytes of one parameter in each dtype a round can send it in
 # (`AGNOptimizer`'s `communication_dtype`), for `--params`.
-
-
-def main(argv=None):
-    """`python -m keras_clones.cost_model` (`cost_model_command.main`)."""
-    from keras_clones import cost_model_command
-
-    return cost_model_command.main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
