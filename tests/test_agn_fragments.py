@@ -6,10 +6,9 @@ tests/test_multi_worker.py.)"""
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from against_reference import run_against_reference
 from helpers import INNER_LR
 from helpers import RULES
-from reference import agn
 from reference import optimizers
 
 from keras_clones import AGNOptimizer
@@ -31,47 +30,34 @@ OWN = {
 def run_fragments(name, fragments, dtype=None, overlap=False, mixing=None):
     """The optimizer's local weights and centers after each step, then
     after the commits in flight are applied, against the hand's."""
-    options, inner, hand_inner, outer, hand_outer = {**RULES, **OWN}[name]
-    options = dict(options, communication_dtype=dtype)
     rng = np.random.default_rng(0)
     start = rng.normal(size=SIZE).astype("float32")
     grads = rng.normal(size=(STEPS, SIZE)).astype("float32")
-    variable = keras.Variable(start)
-    optimizer = AGNOptimizer(
-        inner(),
-        PERIOD,
-        outer_optimizer=outer and outer(),
-        fragments=fragments,
-        overlap=overlap,
-        mixing=mixing,
-        **options,
-    )
-    step = tf.function(lambda g: optimizer.apply([g], [variable]))
-    by_hand = agn.agn(
+    optimizer, variable, by_hand, history = run_against_reference(
+        {**RULES, **OWN}[name],
         start,
-        agn.steps_table(grads),
-        STEPS,
+        grads,
         PERIOD,
-        hand_inner,
-        hand_outer,
+        communication_dtype=dtype,
         fragments=fragments,
         overlap=overlap,
         mixing=mixing,
-        **options,
     )
     # Adam's float32 steps drift from the hand's by 1e-6; a bfloat16
     # rounding by hand may land a bfloat16 ulp away.
     atol = 1e-6 if name in ("contrib", "downpour") else 1e-5
     tolerance = {"rtol": 1e-6, "atol": atol if dtype is None else 1e-2}
 
-    def assert_as_by_hand(local, center):
-        np.testing.assert_allclose(variable.numpy(), local, **tolerance)
-        center_got = optimizer.global_center_variable(variable).numpy()
-        np.testing.assert_allclose(center_got, center, **tolerance)
+    def assert_as_by_hand(local, center, got=None):
+        got_local, got_center = got or (
+            variable.numpy(),
+            optimizer.global_center_variable(variable).numpy(),
+        )
+        np.testing.assert_allclose(got_local, local, **tolerance)
+        np.testing.assert_allclose(got_center, center, **tolerance)
 
-    for grad, (local, center) in zip(grads, by_hand.history, strict=True):
-        step(tf.constant(grad))
-        assert_as_by_hand(local[0], center)
+    for got, (local, center) in zip(history, by_hand.history, strict=True):
+        assert_as_by_hand(local[0], center, got)
     optimizer.apply_in_flight_commit()
     assert_as_by_hand(by_hand.local[0], by_hand.center)
     return optimizer

@@ -5,10 +5,9 @@ with them. (Across workers: tests/test_multi_worker.py.)"""
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from against_reference import run_against_reference
 from helpers import RULES
 from helpers import InterruptAtEpoch
-from reference import agn
 
 import keras_clones
 from keras_clones import AGNOptimizer
@@ -24,41 +23,27 @@ PERIOD, STEPS = 3, 9
 def test_overlap_applies_each_commit_a_period_late_as_by_hand(
     name, mixing, dtype
 ):
-    options, inner, hand_inner, outer, hand_outer = RULES[name]
-    options = dict(options, communication_dtype=dtype)
     # float32 values, by hand in float64.
     start = np.array([1.0, -2.0, 0.5], "float32")
     grads = np.random.default_rng(0).normal(size=(STEPS, 3)).astype("float32")
-    variable = keras.Variable(start)
-    optimizer = AGNOptimizer(
-        inner(),
-        PERIOD,
-        outer_optimizer=outer and outer(),
-        overlap=True,
-        mixing=mixing,
-        **options,
-    )
-    step = tf.function(lambda g: optimizer.apply([g], [variable]))
-    by_hand = agn.agn(
+    optimizer, variable, by_hand, history = run_against_reference(
+        RULES[name],
         start,
-        agn.steps_table(grads),
-        STEPS,
+        grads,
         PERIOD,
-        hand_inner,
-        hand_outer,
+        communication_dtype=dtype,
         overlap=True,
         mixing=mixing,
-        **options,
     )
     # Adam's float32 steps drift from the hand's float64 ones by 1e-6; a
     # bfloat16 rounding by hand may land a bfloat16 ulp away.
     atol = 1e-6 if name in ("contrib", "downpour") else 1e-5
     tolerance = {"rtol": 1e-6, "atol": atol if dtype is None else 1e-2}
-    for grad, (local, center) in zip(grads, by_hand.history, strict=True):
-        step(tf.constant(grad, "float32"))
-        np.testing.assert_allclose(variable.numpy(), local[0], **tolerance)
-        center_got = optimizer.global_center_variable(variable).numpy()
-        np.testing.assert_allclose(center_got, center, **tolerance)
+    for (got_local, got_center), (local, center) in zip(
+        history, by_hand.history, strict=True
+    ):
+        np.testing.assert_allclose(got_local, local[0], **tolerance)
+        np.testing.assert_allclose(got_center, center, **tolerance)
     # Commits sent after steps 3, 6 and 9; the last is still in flight.
     assert int(optimizer.communication_rounds.numpy()) == STEPS // PERIOD
     assert int(optimizer.in_flight_phase.numpy()) == 2

@@ -8,9 +8,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from against_reference import run_against_reference
+from against_reference import stepped
 from helpers import INNER_LR
 from helpers import RULES
-from reference import agn
 
 from keras_clones import AGNOptimizer
 
@@ -20,33 +21,18 @@ PERIOD, STEPS = 3, 9
 def run_rule(options, inner, outer):
     start = np.array([1.0, -2.0, 0.5])
     grads = np.random.default_rng(0).normal(size=(STEPS, 3))
-    variable = keras.Variable(start.astype("float32"))
     optimizer = AGNOptimizer(inner, PERIOD, outer_optimizer=outer, **options)
-    step = tf.function(lambda g: optimizer.apply([g], [variable]))
-    history = []
-    for g in grads:
-        step(tf.constant(g, "float32"))
-        center = optimizer.global_center_variable(variable).numpy()
-        history.append((variable.numpy(), center))
+    _, history = stepped(optimizer, start, grads)
     return grads, start, history, optimizer
 
 
 @pytest.mark.parametrize("name", sorted(RULES))
 @pytest.mark.parametrize("dtype", [None, "bfloat16", "float16"])
 def test_rule_matches_hand_computation(name, dtype):
-    options, inner, hand_inner, outer, hand_outer = RULES[name]
-    options = dict(options, communication_dtype=dtype)
-    grads, start, history, optimizer = run_rule(
-        options, inner(), outer and outer()
-    )
-    by_hand = agn.agn(
-        start,
-        agn.steps_table(grads),
-        STEPS,
-        PERIOD,
-        hand_inner,
-        hand_outer,
-        **options,
+    start = np.array([1.0, -2.0, 0.5])
+    grads = np.random.default_rng(0).normal(size=(STEPS, 3))
+    optimizer, _, by_hand, history = run_against_reference(
+        RULES[name], start, grads, PERIOD, communication_dtype=dtype
     )
     # 16 bits round the commit: the hand computation rounds alike, from
     # float64 values (one rounding may land a 16-bit ulp away).

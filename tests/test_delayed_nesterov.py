@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from against_reference import stepped
 from reference import agn
 from reference import optimizers as hand
 
@@ -30,13 +31,8 @@ def diloco(**kwargs):
 
 
 def trained(optimizer, grads, start):
-    variable = keras.Variable(start.astype("float32"))
-    step = tf.function(lambda g: optimizer.apply([g], [variable]))
-    centers = []
-    for g in grads:
-        step(tf.constant(g, "float32"))
-        centers.append(optimizer.global_center_variable(variable).numpy())
-    return variable, centers
+    """The centers after each step of `optimizer` from `start`."""
+    return [center for _, center in stepped(optimizer, start, grads)[1]]
 
 
 @pytest.mark.parametrize("nesterov", [False, True])
@@ -48,7 +44,7 @@ def test_forced_on_in_one_process_each_period_is_a_commit_of_the_rule(
     start = np.array([1.0, -2.0, 0.5])
     grads = np.random.default_rng(0).normal(size=(STEPS, 3))
     optimizer = diloco(outer=outer_sgd(nesterov), delayed_nesterov=2)
-    variable, centers = trained(optimizer, grads, start)
+    centers = trained(optimizer, grads, start)
     by_hand = agn.agn(
         start,
         agn.steps_table(grads),
@@ -61,7 +57,7 @@ def test_forced_on_in_one_process_each_period_is_a_commit_of_the_rule(
     )
     for got, (_, center) in zip(centers, by_hand.history, strict=True):
         np.testing.assert_allclose(got, center, rtol=1e-5, atol=1e-5)
-    plain = trained(diloco(outer=outer_sgd(nesterov)), grads, start)[1]
+    plain = trained(diloco(outer=outer_sgd(nesterov)), grads, start)
     assert np.abs(plain[-1] - centers[-1]).max() > 0.05
     rule = optimizer.delayed_nesterov_rule
     assert (rule.commits, int(rule.count.numpy())) == (2, 0)

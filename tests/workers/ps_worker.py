@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from helpers import KERAS_OPTIMIZERS  # noqa: E402
 from helpers import REPRESENTATIVE_OPTIMIZERS  # noqa: E402
+from helpers import InterruptAtEpoch  # noqa: E402
 from reference import agn as agn_by_hand  # noqa: E402
 from reference import models  # noqa: E402
 from reference import optimizers as hand  # noqa: E402
@@ -776,16 +777,6 @@ def in_flight_agn(strategy):
         "staleness": staleness,
         "rounds": history.history.get("communication_rounds"),
     }
-
-
-class InterruptAtEpoch(keras.callbacks.Callback):
-    def __init__(self, epoch):
-        super().__init__()
-        self.epoch = epoch
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise RuntimeError("interrupted")
 
 
 def resume(strategy):
