@@ -86,8 +86,7 @@ import launching
 import mnist_mlp
 
 WORKER_FLAG = "--worker"
-RESULT = "RESULT "
-PROGRESS = "PROGRESS "
+RESULT, PROGRESS = launching.RESULT, launching.PROGRESS
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 WORKERS = 2
@@ -498,27 +497,13 @@ def launch(args):
     arguments += ["--lr", repr(args.lr)] if args.lr else []
     arguments += ["--quick"] if args.quick else []
     arguments += ["--lr-sweep"] if args.lr_sweep else []
-    env = dict(os.environ, KERAS_BACKEND="tensorflow")
-    progress = "[worker 0] " + PROGRESS
-
-    def show_progress(line):
-        if line.startswith(progress):
-            print(line[len(progress) :], flush=True)
-
-    status, lines = launching.run_launch(
-        WORKERS, arguments, TIMEOUT, env=env, on_line=show_progress
+    return launching.chief_result(
+        WORKERS,
+        arguments,
+        TIMEOUT,
+        "the launch",
+        env=dict(os.environ, KERAS_BACKEND="tensorflow"),
     )
-    prefix = "[worker 0] " + RESULT
-    for line in lines:
-        if line.startswith(prefix):
-            return json.loads(line[len(prefix) :])
-    tail = "\n".join(lines[-60:])
-    print(
-        f"The launch failed (exit status {status}); the last "
-        f"lines of its output:\n{tail}",
-        flush=True,
-    )
-    return None
 
 
 def spread(row):

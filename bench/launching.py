@@ -98,6 +98,30 @@ def run_launch(workers, arguments, timeout, env=None, on_line=None, wrap=None):
     return run_process(command, timeout, env=env, on_line=on_line)
 
 
+# What a launched chief prints before its result (JSON) and before a
+# progress line, which the driver shows as it comes.
+RESULT, PROGRESS = "RESULT ", "PROGRESS "
+
+
+def chief_result(workers, arguments, timeout, name, env=None, wrap=None):
+    """Runs `run_launch(workers, arguments, timeout, env=env, wrap=wrap)`,
+    showing the chief's `PROGRESS` lines; the JSON it printed after
+    `RESULT`, or None, with the failure of `name` printed."""
+    progress = "[worker 0] " + PROGRESS
+
+    def show_progress(line):
+        if line.startswith(progress):
+            print(line[len(progress) :], flush=True)
+
+    status, lines = run_launch(
+        workers, arguments, timeout, env=env, on_line=show_progress, wrap=wrap
+    )
+    result = printed_result(lines, "[worker 0] " + RESULT)
+    if result is None:
+        print_failure(name, status, lines)
+    return result
+
+
 def printed_result(lines, prefix):
     """The JSON object on the first of `lines` that starts with `prefix`
     (where a worker prints its result), or None."""

@@ -167,25 +167,14 @@ def launch(links, quick, namespace):
     None if the launch failed."""
     arguments = [__file__, WORKER_FLAG, "--links", ",".join(links)]
     arguments += ["--quick"] if quick else []
-    progress = "[worker 0] " + PROGRESS
-
-    def show_progress(line):
-        if line.startswith(progress):
-            print(line[len(progress) :], flush=True)
-
-    env = dict(os.environ, KERAS_BACKEND="tensorflow")
-    status, lines = launching.run_launch(
+    return launching.chief_result(
         WORKERS,
         arguments,
         TIMEOUT,
-        env=env,
-        on_line=show_progress,
+        "bench/wan.py's launch",
+        env=dict(os.environ, KERAS_BACKEND="tensorflow"),
         wrap=None if namespace is None else namespace.command,
     )
-    result = launching.printed_result(lines, "[worker 0] " + RESULT)
-    if result is None:
-        launching.print_failure("bench/wan.py's launch", status, lines)
-    return result
 
 
 def run(quick):

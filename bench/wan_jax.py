@@ -54,7 +54,7 @@ import netns
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORKER_FLAG = "--worker"
-RESULT, PROGRESS = "RESULT ", "PROGRESS "
+RESULT, PROGRESS = launching.RESULT, launching.PROGRESS
 WORKERS, GLOBAL_BATCH = 2, agn_rounds.GLOBAL_BATCH
 ROWS = GLOBAL_BATCH // WORKERS  # Per process and step.
 PERIOD, LR = 64, 1e-3
@@ -193,26 +193,16 @@ def launch(config, seeds, epochs, quick, namespace=None, time_it=False):
     arguments += ["--epochs", str(epochs)]
     arguments += ["--time"] if time_it else []
     arguments += ["--quick"] if quick else []
-    progress = "[worker 0] " + PROGRESS
     env = dict(os.environ, KERAS_BACKEND="jax")
     env.pop("XLA_FLAGS", None)  # One device per process.
-
-    def show_progress(line):
-        if line.startswith(progress):
-            print(line[len(progress) :], flush=True)
-
-    status, lines = launching.run_launch(
+    return launching.chief_result(
         WORKERS,
         arguments,
         TIMEOUT,
+        f"{NAMES[config]}'s launch",
         env=env,
-        on_line=show_progress,
         wrap=None if namespace is None else namespace.command,
     )
-    result = launching.printed_result(lines, "[worker 0] " + RESULT)
-    if result is None:
-        launching.print_failure(f"{NAMES[config]}'s launch", status, lines)
-    return result
 
 
 def run(quick):

@@ -85,10 +85,7 @@ def commits_per_step(delayed_nesterov, outer_optimizer):
     strategy = tf.distribute.get_strategy() if ON_TENSORFLOW else None
     workers = _parameter_server_workers(strategy)
     if delayed_nesterov is None:
-        momentum = getattr(outer_optimizer, "momentum", 0)
-        if workers < 2 or not isinstance(outer_optimizer, keras.optimizers.SGD):
-            return None
-        if not momentum:
+        if workers < 2 or not _has_momentum(outer_optimizer):
             return None
         _check_outer(
             outer_optimizer,
@@ -96,16 +93,15 @@ def commits_per_step(delayed_nesterov, outer_optimizer):
             "workers (delayed Nesterov, by default)",
         )
         return workers
-    if not workers and strategy is not None:
-        if strategy.num_replicas_in_sync > 1:
-            raise ValueError(
-                "`delayed_nesterov` is for commits that arrive one worker "
-                "at a time (parameter servers), but under "
-                f"{type(strategy).__name__} the workers' commits are "
-                "averaged together, and the outer SGD applies their mean. "
-                f"Received: delayed_nesterov={delayed_nesterov}. Leave it "
-                "out."
-            )
+    if not workers and strategy and strategy.num_replicas_in_sync > 1:
+        raise ValueError(
+            "`delayed_nesterov` is for commits that arrive one worker "
+            "at a time (parameter servers), but under "
+            f"{type(strategy).__name__} the workers' commits are "
+            "averaged together, and the outer SGD applies their mean. "
+            f"Received: delayed_nesterov={delayed_nesterov}. Leave it "
+            "out."
+        )
     return delayed_nesterov
 
 
@@ -122,13 +118,18 @@ def _parameter_server_workers(strategy):
     return cluster.num_workers(strategy)
 
 
+def _has_momentum(outer_optimizer):
+    """Whether `outer_optimizer` is Keras's SGD with momentum."""
+    return isinstance(outer_optimizer, keras.optimizers.SGD) and bool(
+        outer_optimizer.momentum
+    )
+
+
 def _check_outer(outer_optimizer, what):
     received = type(outer_optimizer).__name__
     if isinstance(outer_optimizer, keras.optimizers.SGD):
         received += f"(momentum={outer_optimizer.momentum})"
-    if not isinstance(outer_optimizer, keras.optimizers.SGD) or not (
-        outer_optimizer.momentum
-    ):
+    if not _has_momentum(outer_optimizer):
         raise ValueError(
             f"{what} needs the outer optimizer to be "
             "`keras.optimizers.SGD` with momentum > 0 (no such rule exists "

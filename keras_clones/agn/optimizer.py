@@ -351,8 +351,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     def saved_variables(self):
         """The optimizer's state, as saved and set: `variables`, but a
         step hook's; the delayed Nesterov rule's last."""
-        rule = self.delayed_nesterov_rule if self.built else None
-        rule_state = rule.state_variables if rule else []
+        rule_state = self._rule_state()
         ids = {id(v) for v in rule_state}
         return (
             [v for v in internals.own_variables(self) if id(v) not in ids]
@@ -360,6 +359,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             + self.outer_optimizer.variables
             + rule_state
         )
+
+    def _rule_state(self):
+        """The delayed Nesterov rule's variables, where it is on."""
+        rule = self.delayed_nesterov_rule if self.built else None
+        return rule.state_variables if rule else []
 
     def save_own_variables(self, store):
         for i, variable in enumerate(self.saved_variables):
@@ -369,11 +373,8 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         # Keras's own, over `saved_variables`, with its warning; with or
         # without the delayed Nesterov rule's state.
         variables = self.saved_variables
-        rule = self.delayed_nesterov_rule if self.built else None
         centers = len(self._state.states) if self.built else 0
-        loaded = loadable(
-            store, variables, rule.state_variables if rule else [], centers
-        )
+        loaded = loadable(store, variables, self._rule_state(), centers)
         if loaded is None:
             hint = ""
             if not self.built:
