@@ -133,11 +133,37 @@ def mlp(model_class=keras.Model, extra_losses=True, **kwargs):
     return model_class(inputs, outputs, **kwargs)
 
 
-def data(rows, seed=0):
+def data(rows, seed=0, features=6):
+    """Classification: `rows` normal rows of `features`, labels in 0..2."""
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows, 6)).astype("float32")
+    x = rng.normal(size=(rows, features)).astype("float32")
     y = rng.integers(0, 3, size=rows)
     return x, y
+
+
+def linear_data(rows, features, outputs, seed):
+    """Regression on a random linear map: `rows` normal rows of
+    `features`, targets of `outputs` columns."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, features)).astype("float32")
+    return x, (x @ rng.normal(size=(features, outputs))).astype("float32")
+
+
+def squared_sum_data(rows, seed):
+    """Regression: `rows` normal rows of 5 features, the square of their
+    sum as the one target."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 5)).astype("float32")
+    return x, (x.sum(axis=1, keepdims=True) ** 2).astype("float32")
+
+
+def assert_same_state(expected, got):
+    """The two models' weights and optimizer variables are equal, to the
+    bit: a resumed run against the uninterrupted one."""
+    pairs = list(zip(expected.weights, got.weights))
+    pairs += zip(expected.optimizer.variables, got.optimizer.variables)
+    for a, b in pairs:
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
 
 
 def two_tower(model_class=keras.Model, **kwargs):

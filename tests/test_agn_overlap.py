@@ -8,6 +8,8 @@ import pytest
 from against_reference import run_against_reference
 from helpers import RULES
 from helpers import InterruptAtEpoch
+from helpers import assert_same_state
+from helpers import linear_data
 
 import keras_clones
 from keras_clones import AGNOptimizer
@@ -60,9 +62,7 @@ def regression(seed=0):
 
 
 def data():
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=(24, 3)).astype("float32")
-    return x, (x @ rng.normal(size=(3, 2))).astype("float32")
+    return linear_data(24, 3, 2, seed=1)
 
 
 def overlapped(period=2, **options):
@@ -130,12 +130,7 @@ def test_backup_with_a_commit_in_flight_resumes_exactly(tmp_path, commit):
         fit([keras.callbacks.BackupAndRestore(tmp_path), InterruptAtEpoch(2)])
     resumed = fit([keras.callbacks.BackupAndRestore(tmp_path)])
     assert int(resumed.optimizer.local_step.numpy()) == 18
-    for a, b in zip(uninterrupted.weights, resumed.weights):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
-    for a, b in zip(
-        uninterrupted.optimizer.variables, resumed.optimizer.variables
-    ):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert_same_state(uninterrupted, resumed)
 
 
 def test_a_saved_model_keeps_its_commit_in_flight(tmp_path):

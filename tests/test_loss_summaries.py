@@ -1,5 +1,6 @@
 """LossSummaries: event files read back against the model's own numbers."""
 
+import helpers
 import keras
 import numpy as np
 import pytest
@@ -64,9 +65,7 @@ def embedding_model():
 
 
 def data(rows, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows, 4)).astype("float32")
-    return x, rng.integers(0, 3, size=rows)
+    return helpers.data(rows, seed, features=4)
 
 
 def compiled(model, optimizer):

@@ -10,7 +10,6 @@ import sys
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 tf.config.set_logical_device_configuration(
@@ -19,6 +18,7 @@ tf.config.set_logical_device_configuration(
 )
 
 import keras  # noqa: E402
+from helpers import squared_sum_data  # noqa: E402
 from reference import agn  # noqa: E402
 from reference import models  # noqa: E402
 
@@ -37,9 +37,7 @@ def multi_worker_strategy():
 
 
 def data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 5)).astype("float32")
-    return x, (x.sum(axis=1, keepdims=True) ** 2).astype("float32")
+    return squared_sum_data(64, seed=0)
 
 
 def layers(batch_norm):

@@ -8,6 +8,7 @@ import time
 import keras
 import numpy as np
 import tensorflow as tf
+from helpers import linear_data
 from reference import agn as agn_by_hand
 from reference import models
 from reference import optimizers as hand
@@ -24,10 +25,7 @@ EPOCHS = 2
 
 
 def data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(BATCH * STEPS, 5)).astype("float32")
-    y = (x @ rng.normal(size=(5, 3))).astype("float32")
-    return x, y
+    return linear_data(BATCH * STEPS, 5, 3, seed=0)
 
 
 def dataset():

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 from common import layers
 from common import multi_worker_strategy
+from helpers import squared_sum_data
 from reference import agn
 from reference import models
 from reference import optimizers
@@ -46,9 +47,7 @@ RUNS = {
 
 
 def data():
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=(GLOBAL_BATCH * STEPS_PER_EPOCH, 5)).astype("float32")
-    return x, (x.sum(axis=1, keepdims=True) ** 2).astype("float32")
+    return squared_sum_data(GLOBAL_BATCH * STEPS_PER_EPOCH, seed=3)
 
 
 def dataset():
