@@ -1,36 +1,13 @@
 """What a lost worker costs: the parts of one recovery, and goodput.
 
-    python bench/faults.py [--quick] [--epochs 12] [--kills 0 1 2 4]
+Two local workers train the digits MLP under synchronous AdamW and AGN's
+DiLoCo rule, uninterrupted and with worker 1 killed and restarted; the
+recovery in parts, goodput, and goodput by failure interval. What and how:
+docs/benchmarks/workers.md#faults.
 
-Two local workers (`keras_clones.launch --max-restarts`) train the digits
-MLP (global batch 64, 21 steps an epoch, `BackupAndRestore` at every
-epoch's end) under three optimizers: synchronous AdamW, and AGN's DiLoCo
-rule over AdamW at periods 16 and 64. Each trains `--epochs` epochs
-uninterrupted, and with worker 1 killed (SIGKILL) `--kills` times, evenly
-over the run, each time mid-epoch (at 2/3 of an epoch, after the epoch's
-backup); the launcher starts both workers again and they resume. The runs
-go round robin: every optimizer's uninterrupted run, then its faulty runs.
-
-It prints:
-- the parts of each recovery, from the lines the driver timestamps as they
-  come (worker clocks and the driver's are one machine's): detection (the
-  kill to the launcher's line), stopping the other worker (to the
-  launcher's restart line), process start (to the worker's first line),
-  TensorFlow import and cluster set-up, the
-  restore (`fit` start to `BackupAndRestore`'s restore), the first step
-  (restore to the first step, mostly tracing), and the work lost (the
-  steps since the backup, at the uninterrupted run's step time);
-- goodput: the uninterrupted run's wall time over the faulty run's (same
-  epochs, the same data: the run's accuracy is kept, and shown), and T,
-  the training time between failures in that run (the uninterrupted
-  time over kills + 1);
-- goodput by failure interval T from the recovery's parts, T / (T +
-  recovery), and a figure of both (`--figure`, by default
-  bench/figures/faults_goodput.png).
+    python bench/faults.py [--quick] [--epochs 12] [--kills 1 2 4]
 """
 
-import argparse
-import json
 import os
 import signal
 import statistics
@@ -38,32 +15,48 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import launching  # noqa: E402
+import harness
+import launching
 
 STEPS_PER_EPOCH = 21
 GLOBAL_BATCH = 64
 PERIODS = {"sync": 0, "AGN(16)": 16, "AGN(64)": 64}
+QUICK_PERIODS = {"AGN(16)": 16}
+FLAGS = [
+    harness.Flag("--epochs", 12, quick=3, help="epochs per run"),
+    harness.Flag(
+        "--kills", [1, 2, 4], quick=[1], type=int, help="kills per faulty run"
+    ),
+    harness.Flag(
+        "--figure",
+        str(harness.ROOT / "bench" / "figures" / "faults_goodput.png"),
+        quick="",
+        help="where the goodput figure goes ('' for none)",
+    ),
+]
+# The lines of worker 0 that time a recovery's parts, in order.
+MARKS = ("start", "cluster", "fit", "restored", "first_step")
 
 
 def say(what, *values):
     print("FAULTS", what, time.time(), *values, flush=True)
 
 
-def worker(out, period, epochs, kill_steps):
+def worker(argv):
+    """One of the 2 workers; worker 1 kills itself at the kill steps, once
+    each (a file in `out` remembers)."""
+    run = launching.worker_settings(argv)
     say("start")
+    strategy = launching.multi_worker_strategy()
     import keras
     import tensorflow as tf
 
     import keras_clones
 
-    sys.path.insert(
-        0, os.path.join(os.path.dirname(__file__), "..", "examples")
-    )
+    sys.path.insert(0, str(harness.ROOT / "examples"))
     from digits import load_split
     from digits import mlp_layers
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
     index = strategy.cluster_resolver.task_id
     say("cluster")
     x_train, x_test, y_train, y_test = load_split()
@@ -73,17 +66,7 @@ def worker(out, period, epochs, kill_steps):
     ).batch(GLOBAL_BATCH)
     with strategy.scope():
         model = keras_clones.CloneModel(*mlp_layers(dropout=0))
-        optimizer = keras.optimizers.AdamW(3e-3)
-        if period:
-            optimizer = keras_clones.AGNOptimizer(
-                optimizer,
-                period,
-                commit="weight_change",
-                normalize=False,
-                outer_optimizer=keras.optimizers.SGD(
-                    0.7, momentum=0.9, nesterov=True
-                ),
-            )
+        optimizer = diloco(keras, keras_clones, 3e-3, run.period)
         model.compile(optimizer, "sparse_categorical_crossentropy")
 
     class Marks(keras.callbacks.Callback):
@@ -94,8 +77,12 @@ def worker(out, period, epochs, kill_steps):
 
         def on_train_batch_begin(self, batch, logs=None):
             step = int(self.model.optimizer.iterations.numpy())
-            mark = os.path.join(out, f"killed_{step}")
-            if index == 1 and step in kill_steps and not os.path.exists(mark):
+            mark = os.path.join(run.out, f"killed_{step}")
+            if (
+                index == 1
+                and step in run.kill_steps
+                and not os.path.exists(mark)
+            ):
                 open(mark, "w").close()
                 say("kill", step)
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -105,13 +92,30 @@ def worker(out, period, epochs, kill_steps):
                 say("first_step", int(self.model.optimizer.iterations.numpy()))
                 self.first = False
 
-    backup = keras.callbacks.BackupAndRestore(os.path.join(out, "backup"))
+    backup = keras.callbacks.BackupAndRestore(os.path.join(run.out, "backup"))
     say("fit")
-    model.fit(dataset, epochs=epochs, verbose=0, callbacks=[backup, Marks()])
-    if period:
+    model.fit(
+        dataset, epochs=run.epochs, verbose=0, callbacks=[backup, Marks()]
+    )
+    if run.period:
         optimizer.assign_global_centers()
     predictions = model.predict(x_test, verbose=0).argmax(axis=1)
     say("accuracy", float((predictions == y_test).mean()))
+
+
+def diloco(keras, keras_clones, learning_rate, period):
+    """AdamW(learning_rate), in AGN's DiLoCo rule (Nesterov's outer SGD on
+    the weights' change) where `period` (else alone)."""
+    optimizer = keras.optimizers.AdamW(learning_rate)
+    if not period:
+        return optimizer
+    return keras_clones.AGNOptimizer(
+        optimizer,
+        period,
+        commit="weight_change",
+        normalize=False,
+        outer_optimizer=keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),
+    )
 
 
 def kill_steps(epochs, kills):
@@ -126,23 +130,14 @@ def kill_steps(epochs, kills):
 def run(period, epochs, kills):
     """One launch; returns its wall time, accuracy and recoveries."""
     with tempfile.TemporaryDirectory() as out:
-        arguments = [  # This --grace-period overrides run_launch's.
-            "--grace-period",
-            "0",
-            "--max-restarts",
-            str(kills),
+        # This --grace-period overrides run_launch's.
+        arguments = ["--grace-period", "0", "--max-restarts", str(kills)]
+        arguments += launching.worker_arguments(
             os.path.abspath(__file__),
-            "--worker",
-            out,
-            "--period",
-            str(period),
-            "--epochs",
-            str(epochs),
-            "--kill-steps",
-            json.dumps(kill_steps(epochs, kills)),
-        ]
-        env = dict(
-            os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"
+            out=out,
+            period=period,
+            epochs=epochs,
+            kill_steps=kill_steps(epochs, kills),
         )
         lines = []
         start = time.time()
@@ -150,7 +145,6 @@ def run(period, epochs, kills):
             2,
             arguments,
             1800,
-            env=env,
             on_line=lambda line: lines.append((time.time(), line)),
         )
         wall = time.time() - start
@@ -173,7 +167,7 @@ def parse(lines):
             current.setdefault("noticed", arrived)
         elif current and line.startswith("[worker 0] FAULTS "):
             what, t, *rest = line.split("FAULTS ")[1].split()
-            if what in ("start", "cluster", "fit", "restored", "first_step"):
+            if what in MARKS:
                 current.setdefault(what, float(t))
                 if what == "restored":
                     current["restored_step"] = int(rest[0])
@@ -195,88 +189,67 @@ def parts(recovery, step_time):
     }
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--epochs", type=int, default=12)
-    parser.add_argument("--kills", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument(
-        "--figure",
-        default=os.path.join(
-            os.path.dirname(os.path.abspath(__file__)),
-            "figures",
-            "faults_goodput.png",
-        ),
-        help="where the goodput figure goes ('' for none)",
-    )
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--period", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--kill-steps", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        worker(
-            args.worker, args.period, args.epochs, json.loads(args.kill_steps)
-        )
-        return
-    periods = PERIODS
-    if args.quick:
-        periods, args.epochs, args.kills = {"AGN(16)": 16}, 3, [1]
-        args.figure = ""
+def measure(args):
+    """Every optimizer's uninterrupted run, then its faulty runs; prints
+    the runs' table as they come. The recoveries' parts, and per optimizer
+    (T, goodput) of each faulty run."""
     print(f"2 workers, {args.epochs} epochs of {STEPS_PER_EPOCH} steps")
     print("| optimizer | kills | wall s | goodput | T s | accuracy |")
     print("|---|---|---|---|---|---|")
     all_parts, measured = {}, {}
-    for name, period in periods.items():
+    for name, period in (QUICK_PERIODS if args.quick else PERIODS).items():
         measured[name] = []
         base, accuracy, _ = run(period, args.epochs, 0)
         print(f"| {name} | 0 | {base:.1f} | 1.00 | - | {accuracy:.4f} |")
         step_time = base / (args.epochs * STEPS_PER_EPOCH)
         for kills in args.kills:
             wall, accuracy, recoveries = run(period, args.epochs, kills)
-            print(
-                f"| {name} | {kills} | {wall:.1f} | {base / wall:.2f} | "
-                f"{base / (kills + 1):.1f} | {accuracy:.4f} |",
-                flush=True,
-            )
             # The training time between failures: the uninterrupted run's
             # time split by the failures.
-            measured[name].append((base / (kills + 1), base / wall))
+            between = base / (kills + 1)
+            print(
+                f"| {name} | {kills} | {wall:.1f} | {base / wall:.2f} | "
+                f"{between:.1f} | {accuracy:.4f} |",
+                flush=True,
+            )
+            measured[name].append((between, base / wall))
             for recovery in recoveries:
                 for part, seconds in parts(recovery, step_time).items():
                     all_parts.setdefault(part, []).append(seconds)
-    print()
-    print("One recovery, in parts (seconds; median / max over all kills):")
-    print("| part | median | max |")
-    print("|---|---|---|")
-    cost = 0.0
-    for part, values in all_parts.items():
-        median = statistics.median(values)
-        cost += median
-        print(f"| {part} | {median:.2f} | {max(values):.2f} |")
-    print(f"| death to training again, with the work lost | {cost:.2f} | |")
+    return {"parts": all_parts, "measured": measured}
+
+
+def report(results, args):
+    print("\nOne recovery, in parts (seconds; median / max over all kills):")
+    rows = []
+    for part, values in results["parts"].items():
+        rows.append([part, f"{statistics.median(values):.2f}"])
+        rows[-1].append(f"{max(values):.2f}")
+    cost = sum(statistics.median(v) for v in results["parts"].values())
+    rows.append(["death to training again, with the work lost", f"{cost:.2f}"])
+    rows[-1].append("")
+    print(harness.table(["part", "median", "max"], rows, align="lll"))
     # Each failure costs `cost` of training time: over an interval T of
     # training between failures, goodput is T / (T + cost).
-    print()
     print("Goodput from the parts, T / (T + recovery), by failure interval T:")
     for minutes in (0.5, 1, 2, 5, 10):
         seconds = 60 * minutes
         goodput = seconds / (seconds + cost)
         print(f"  one failure per {minutes:g} min: {goodput:.3f}")
     if args.figure:
-        figure(args.figure, measured, cost)
-        print(f"figure: {args.figure}")
+        harness.figure(
+            args.figure,
+            lambda fig, ax: draw(ax, results["measured"], cost),
+            size=(6, 4),
+            dpi=120,
+        )
 
 
-def figure(path, measured, cost):
+def draw(ax, measured, cost):
     """Goodput against the failure interval: each faulty run, and the
     curve T / (T + recovery) of the recovery's median parts."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(6, 4))
     t = np.linspace(5, 600, 200)
     ax.plot(t, t / (t + cost), "k--", label=f"T / (T + {cost:.1f} s)")
     for name, points in measured.items():
@@ -287,9 +260,16 @@ def figure(path, measured, cost):
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
+
+BENCHMARK = harness.Benchmark(
+    __doc__,
+    measure,
+    report,
+    flags=FLAGS,
+    quick="AGN(16) alone, 3 epochs, 1 kill, no figure (a few minutes)",
+    worker=worker,
+)
 
 if __name__ == "__main__":
-    main()
+    harness.run(BENCHMARK)

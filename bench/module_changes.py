@@ -1,80 +1,25 @@
 """Module changes while one multi-worker training step is traced.
 
-What it measures: how often control moves from one keras_clones module to
-another while TensorFlow traces the train function of a `CloneModel` (2
-clones per worker, on `/cpu:0` and `/cpu:1`) compiled with
-`AGNOptimizer(Adam(), 10)` and trained by `fit` with
-`keras_clones.callbacks.InfNanCheck()` and
-`keras_clones.callbacks.LossSummaries(log_dir)`, under
-`tf.distribute.MultiWorkerMirroredStrategy` with 2 workers: a measure of
-how scattered the code of a step is, independent of the machine. It prints
-the number of module changes, the distinct modules touched, how many times
-a call enters `keras_clones/callbacks/` and the distinct changes (pairs of
-modules, from and to), and the distinct calls into another module (a
-call from function f of one module into function g of another, counted
-once however often it runs: a reader's hops through the step); with
-`--verbose`, the sequence of changes, each with
-the function entered or returned to. The count is dynamic: a Python loop
-over the model's 6 trainable variables that calls into another module
-counts 2 changes per variable.
+How often control moves from one keras_clones module to another while
+TensorFlow traces the step of a 2-worker CloneModel(2 clones) with AGN,
+InfNanCheck and LossSummaries: how scattered a step's code is, whatever the
+machine. What and how: docs/benchmarks/throughput.md#module_changes.
 
-The model is that of tests/workers/common.py with BatchNormalization
-(5 features, Dense(8, tanh), BatchNormalization, Dense(1), mean squared
-error), so that the step also moves state; the data 64 rows in global
-batches of 16, one step per execution (Keras's default).
-
-How: the script runs itself as the 2 workers of a `keras_clones.launch` on
-127.0.0.1 (`--worker`), stopped after `--timeout` seconds; each worker
-splits its CPU into 2 logical devices before TensorFlow starts, makes the
-strategy, and calls `fit` for one step. A last callback wraps
-`model.train_function` at `on_train_batch_begin` (after the keras_clones
-callbacks have put their hooks into the step at `on_train_begin`), so that
-a profile hook (`sys.setprofile`, and `threading.setprofile` for the
-threads `strategy.run` starts for the replica function) records the call
-and return events of its first call only: the trace of the step (the graph
-then runs in C++, without Python frames). Only public API: `fit`,
-callbacks, `Model.train_function`. Both workers trace the same step; the
-chief (worker 0) prints the counts.
-
-Counting: a frame is in a keras_clones module when its globals' `__name__`
-is `keras_clones` or starts with `keras_clones.` (a file under
-keras_clones/; by the globals, not the file name, because AutoGraph runs
-converted copies of the functions from temporary files, with the original
-module's globals; AutoGraph's `inner_factory`, which makes such a copy
-before each converted call, is TensorFlow's code and counts as not in
-keras_clones). Frames of other packages (TensorFlow, Keras) are collapsed
-into the keras_clones frame below them. Each thread keeps a stack of its
-innermost keras_clones frame; at the call of a keras_clones function its
-module is the current one, and at a return from one, the module of the
-innermost keras_clones frame left in that thread. A change is counted each
-time the current module differs from the previous one (the first module
-counts none). A return counts only once its thread runs keras_clones code
-again, not if another thread does first: `merge_call` runs its function in
-the main thread, which then hands control back to the replica thread
-inside TensorFlow's frames, without running the code it returned to. An
-entry into callbacks/ is a change by a call to a module under
-`keras_clones.callbacks` from one outside it (returns into callbacks/ from
-the functions they called are not entries).
-
-Usage:
     python bench/module_changes.py [--verbose] [--timeout SECONDS]
 """
 
-import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import threading
 
+import harness
 import launching
 
 PACKAGE = "keras_clones"
 CALLBACKS = f"{PACKAGE}.callbacks"
 WORKERS = 2
-TIMEOUT = 300  # Seconds before the launch is stopped.
-RESULT = "RESULT "  # What a worker's result line starts with.
 GLOBAL_BATCH = 16
 ROWS = 64
 PERIOD = 10
@@ -82,26 +27,10 @@ PERIOD = 10
 # in them that builds a copy before its first call.
 AUTOGRAPH_FILE = "__autograph_generated_file"
 AUTOGRAPH_FACTORY = "inner_factory"
-
-
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="also print the sequence of module changes",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=int,
-        default=TIMEOUT,
-        help=f"seconds before the launch is stopped (default {TIMEOUT})",
-    )
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    return parser.parse_args()
-
-
-# The counting (standard library only).
+FLAGS = [
+    harness.Flag("--verbose", False, help="also the sequence of changes"),
+    harness.Flag("--timeout", 300, help="seconds before the launch is stopped"),
+]
 
 
 def package_module(frame):
@@ -117,24 +46,21 @@ def package_module(frame):
     return None
 
 
+def in_callbacks(module):
+    return module is not None and (module + ".").startswith(CALLBACKS + ".")
+
+
 class ModuleChanges:
     """A profile hook (`sys.setprofile`, `threading.setprofile`): the
     keras_clones modules that control passes through, as the innermost
     keras_clones frame changes.
 
-    Each thread has its own stack of the innermost keras_clones frame at
-    each depth, pushed at each call event and popped at each return event
-    (generators and coroutines give one at each resumption and suspension);
-    returns from frames entered before the hook was set find the stack at
-    its bottom and leave it there. Only the events of keras_clones frames
-    count: a call (its module), and a return (the module of the innermost
-    keras_clones frame left in that thread, if any). A return counts once
-    its thread runs keras_clones code again (its next keras_clones event),
-    and not if another thread does first: `strategy.run` runs the replica
-    function in a thread of its own, and `merge_call` runs its function in
-    the calling thread, which, once it has returned, hands control back in
-    TensorFlow's frames without running the code it returned to. `finish`
-    counts the last return.
+    Each thread keeps a stack of its innermost keras_clones frame per
+    depth. A call counts its module; a return, the module of the innermost
+    keras_clones frame left in its thread, once that thread runs
+    keras_clones code again (not if another thread does first: see
+    docs/benchmarks/throughput.md#module_changes). `finish` counts the
+    last return.
     """
 
     def __init__(self):
@@ -168,8 +94,6 @@ class ModuleChanges:
             self._pending = (thread, (*stack[-1], event))
 
     def finish(self):
-        """Counts the last return (the trace ends in the code it returned
-        to)."""
         if self._pending is not None:
             self._record(self._pending[1])
             self._pending = None
@@ -188,7 +112,6 @@ class ModuleChanges:
             and in_callbacks(after)
             and not in_callbacks(before)
         )
-        pairs = set(zip(modules, modules[1:]))
         calls = {
             (*before[:2], *after[:2])
             for before, after in zip(self.sequence, self.sequence[1:])
@@ -197,23 +120,16 @@ class ModuleChanges:
         return {
             "module_changes": max(len(modules) - 1, 0),
             "distinct_calls": len(calls),
-            "distinct_changes": len(pairs),
+            "distinct_changes": len(set(zip(modules, modules[1:]))),
             "distinct_modules": sorted(set(modules)),
             "callbacks_entries": entries,
             "sequence": self.sequence,
         }
 
 
-def in_callbacks(module):
-    return module is not None and (
-        module == CALLBACKS or module.startswith(CALLBACKS + ".")
-    )
-
-
-# The worker: one process of the launch.
-
-
-def worker(args):
+def worker(argv):
+    """One process of the launch: one profiled step; the chief prints the
+    counts."""
     # TensorFlow's runtime starts with the strategy: split the CPU first.
     os.environ["KERAS_BACKEND"] = "tensorflow"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -230,11 +146,11 @@ def worker(args):
     import keras_clones
 
     class ProfileFirstCall(keras.callbacks.Callback):
-        """Records the module changes of the first train function call."""
+        """Records the module changes of the first train function call:
+        wraps `train_function` once the keras_clones callbacks have put
+        their hooks into the step (at `on_train_begin`)."""
 
-        def __init__(self):
-            super().__init__()
-            self.changes = None
+        changes = None
 
         def on_train_batch_begin(self, batch, logs=None):
             if self.changes is not None:
@@ -276,57 +192,37 @@ def worker(args):
     y = (x.sum(axis=1, keepdims=True) ** 2).astype("float32")
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
     profile = ProfileFirstCall()
-    log_dir = tempfile.mkdtemp(prefix="module_changes_")
-    try:
-        model.fit(
-            dataset,
-            epochs=1,
-            steps_per_epoch=1,
-            verbose=0,
-            callbacks=[
-                keras_clones.callbacks.InfNanCheck(),
-                keras_clones.callbacks.LossSummaries(log_dir),
-                profile,
-            ],
-        )
-    finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
-    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    if task == 0:
-        print(RESULT + json.dumps(profile.changes.counts()), flush=True)
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as log_dir:
+        callbacks = [
+            keras_clones.callbacks.InfNanCheck(),
+            keras_clones.callbacks.LossSummaries(log_dir),
+            profile,
+        ]
+        model.fit(dataset, steps_per_epoch=1, verbose=0, callbacks=callbacks)
+    if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
+        print(launching.RESULT + json.dumps(profile.changes.counts()))
 
 
-# The driver: runs the launch and prints the chief's counts.
-
-
-def main():
-    args = parse_args()
-    if args.worker:
-        worker(args)
-        return
-    arguments = [os.path.abspath(__file__), "--worker"]
-    status, lines = launching.run_launch(WORKERS, arguments, args.timeout)
-    result = launching.printed_result(lines, "[worker 0] " + RESULT)
-    if status != 0 or result is None:
-        launching.print_failure("the 2-worker launch", status, lines)
-        sys.exit(1)
-    print(
-        f"One step of a 2-worker CloneModel(2 clones) with "
-        f"AGNOptimizer(Adam, {PERIOD}), InfNanCheck and LossSummaries, "
-        "traced (worker 0):"
+def measure(args):
+    """The chief's counts from a 2-worker launch, or None."""
+    arguments = [os.path.abspath(__file__), harness.WORKER_FLAG]
+    return launching.chief_result(
+        WORKERS, arguments, args.timeout, "the 2-worker launch"
     )
-    print(f"module changes: {result['module_changes']}")
-    print(
-        "distinct calls into another module (by the function left and "
-        f"the function entered; loops and clones once): "
-        f"{result['distinct_calls']}"
-    )
+
+
+def report(result, args):
     modules = result["distinct_modules"]
-    print(f"distinct modules: {len(modules)}: {', '.join(modules)}")
-    print(f"entries into {CALLBACKS}: {result['callbacks_entries']}")
     print(
-        "distinct changes (pairs of modules, from and to): "
-        f"{result['distinct_changes']}"
+        "One step of a 2-worker CloneModel(2 clones) with "
+        f"AGNOptimizer(Adam, {PERIOD}), InfNanCheck and LossSummaries, "
+        f"traced (worker 0):\nmodule changes: {result['module_changes']}\n"
+        "distinct calls into another module (by the function left and the "
+        "function entered; loops and clones once): "
+        f"{result['distinct_calls']}\ndistinct modules: {len(modules)}: "
+        f"{', '.join(modules)}\nentries into {CALLBACKS}: "
+        f"{result['callbacks_entries']}\ndistinct changes (pairs of "
+        f"modules, from and to): {result['distinct_changes']}"
     )
     if args.verbose:
         print(
@@ -338,5 +234,9 @@ def main():
             print(f"{i:4d} {arrow} {module}: {function}")
 
 
+BENCHMARK = harness.Benchmark(
+    __doc__, measure, report, flags=FLAGS, worker=worker
+)
+
 if __name__ == "__main__":
-    main()
+    harness.run(BENCHMARK)

@@ -1,29 +1,12 @@
-"""Shaped links for the benchmarks: a network namespace's loopback behind a
-token bucket.
+"""Shaped links for the benchmarks: network namespaces and `tc` loopbacks.
 
-A benchmark's workers talk over 127.0.0.1. Run inside a network namespace
-of their own (`Namespace`), they talk over that namespace's loopback, which
-`tc`'s token-bucket filter (`tbf`) shapes to a `Link`'s rate without
-touching the machine's own loopback. Every worker's traffic passes through
-the one queue of that loopback, so the rate is shared by all workers, as
-on one shared network link. `tbf`'s `latency` only bounds its queue (the
-bytes it holds before it drops); it adds no delay (`netem`, which would,
-is not installed on the bench machine).
-
-Needs root, `ip` and `tc` (iproute2); `missing_requirements()` says what is
-missing. A `Namespace` has a unique name, ends every process left in it and
-then deletes itself on every exit of its `with` block (an error, Ctrl-C or
-SIGTERM included). Standard library only (rates are read by
-`keras_clones.cost_model`, loaded without the package): the benchmarks'
-drivers import no TensorFlow.
+A namespace's loopback behind a token bucket (`tc`'s `tbf`), shared by
+every worker run in the namespace. Needs root, `ip` and `tc`; standard
+library only. What and how: docs/benchmarks/slow_links.md#netns.
 
     with netns.Namespace() as namespace:
         namespace.shape(netns.LINKS["100mbit"])
         launching.run_process(namespace.command(["python", "train.py"]), 600)
-
-A process inside the namespace (a worker, running as root) may reshape the
-link between measurements with `shape_own_namespace(link)`, which refuses
-to act anywhere but in a namespace this module made.
 """
 
 import dataclasses
@@ -110,34 +93,33 @@ def missing_requirements():
     return None
 
 
+def _output(*command):
+    """The output of `command`, run whatever its exit status."""
+    return subprocess.run(command, capture_output=True, text=True).stdout
+
+
 def _run(*command):
-    """Runs `command`; its output, or a RuntimeError with its stderr."""
+    """Runs `command`; a RuntimeError with its stderr if it fails."""
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(
             f"`{' '.join(command)}` failed (exit status "
             f"{result.returncode}): {result.stderr.strip()}"
         )
-    return result.stdout
 
 
 def _tc_shape(link, prefix=()):
     """Shapes the loopback of the namespace `prefix` runs in."""
-    if link.rate is None:
-        # Back to no qdisc: deleting none fails, so check what is left.
-        subprocess.run(
-            [*prefix, "tc", "qdisc", "del", "dev", "lo", "root"],
-            capture_output=True,
-        )
-        shown = _run(*prefix, "tc", "qdisc", "show", "dev", "lo")
-        if "tbf" in shown:
-            raise RuntimeError(f"The loopback is still shaped: {shown}")
+    tc = (*prefix, "tc", "qdisc")
+    if link.rate is not None:
+        tbf = ("tbf", "rate", link.rate, "burst", link.burst)
+        _run(*tc, "replace", "dev", "lo", "root", *tbf, "latency", link.latency)
         return
-    _run(
-        *prefix,
-        *("tc", "qdisc", "replace", "dev", "lo", "root", "tbf"),
-        *("rate", link.rate, "burst", link.burst, "latency", link.latency),
-    )
+    # Back to no qdisc: deleting none fails, so check what is left.
+    _output(*tc, "del", "dev", "lo", "root")
+    shown = _output(*tc, "show", "dev", "lo")
+    if "tbf" in shown:
+        raise RuntimeError(f"The loopback is still shaped: {shown}")
 
 
 def shape_own_namespace(link):
@@ -153,11 +135,7 @@ def shape_own_namespace(link):
     expected = os.environ.get(ENV)
     current = None
     if expected:
-        current = subprocess.run(
-            ["ip", "netns", "identify", str(os.getpid())],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
+        current = _output("ip", "netns", "identify", str(os.getpid())).strip()
     if not expected or current != expected:
         raise RuntimeError(
             f"Refusing to shape the loopback: this process runs in network "
@@ -170,10 +148,8 @@ def shape_own_namespace(link):
 
 def leftovers():
     """The names of this module's namespaces that exist now."""
-    listing = subprocess.run(
-        ["ip", "netns", "list"], capture_output=True, text=True
-    ).stdout
-    names = [line.split()[0] for line in listing.splitlines() if line.strip()]
+    lines = _output("ip", "netns", "list").splitlines()
+    names = [line.split()[0] for line in lines if line.strip()]
     return [name for name in names if name.startswith(PREFIX)]
 
 
@@ -181,9 +157,8 @@ def sweep_stale():
     """Deletes this module's namespaces whose driver (the PID in the name)
     is gone: those of a driver killed by SIGKILL, which cannot clean up."""
     for name in leftovers():
-        pid = int(name[len(PREFIX) + 1 :].split("-")[0])
         try:
-            os.kill(pid, 0)
+            os.kill(int(name[len(PREFIX) + 1 :].split("-")[0]), 0)
         except ProcessLookupError:
             _delete(name)
         except PermissionError:
@@ -217,10 +192,7 @@ def _delete(name):
 
 def _pids(name):
     """The processes in namespace `name`."""
-    listing = subprocess.run(
-        ["ip", "netns", "pids", name], capture_output=True, text=True
-    ).stdout
-    return [int(pid) for pid in listing.split()]
+    return [int(pid) for pid in _output("ip", "netns", "pids", name).split()]
 
 
 class _Terminated(BaseException):
@@ -258,17 +230,7 @@ class Namespace:
             self._handlers[signum] = signal.signal(signum, _raise_terminated)
         try:
             _run("ip", "netns", "add", self.name)
-            _run(
-                "ip",
-                "netns",
-                "exec",
-                self.name,
-                "ip",
-                "link",
-                "set",
-                "lo",
-                "up",
-            )
+            _run(*self._inside(), "ip", "link", "set", "lo", "up")
         except BaseException:
             self.__exit__(*sys.exc_info())
             raise
@@ -276,15 +238,14 @@ class Namespace:
 
     def shape(self, link):
         """Shapes the namespace's loopback to `link` (replacing any shape)."""
-        _tc_shape(link, prefix=("ip", "netns", "exec", self.name))
+        _tc_shape(link, prefix=self._inside())
 
     def command(self, argv):
         """`argv`, run inside the namespace (with `ENV` naming it)."""
-        return [
-            *("ip", "netns", "exec", self.name),
-            *("env", f"{ENV}={self.name}"),
-            *argv,
-        ]
+        return [*self._inside(), "env", f"{ENV}={self.name}", *argv]
+
+    def _inside(self):
+        return ("ip", "netns", "exec", self.name)
 
     def pids(self):
         """The processes in the namespace."""

@@ -1,78 +1,50 @@
 """DiLoCo on 2 asynchronous parameter-server workers: loss and held-out
 accuracy per epoch, against 2 synchronous workers and one process.
 
-What it measures: docs/agn.md's DiLoCo recipe (inner `AdamW(1e-3)`, period
-5, the undivided weight change, outer `SGD(0.7, momentum=0.9,
-nesterov=True)`) as a `keras_clones.CloneModel` on scikit-learn's digits
-(1,347 training and 450 held-out, the examples' split), an MLP 64-128-10,
-batches of 32 per worker step, 6 epochs of 960 examples each:
+Asynchronous DiLoCo (delayed Nesterov, a Nesterov step per commit, model
+averaging) against synchronous DiLoCo and one process on the digits, 3
+seeds. What and how: docs/benchmarks/accuracy.md#ps_diloco.
 
-1. asynchronous, on an in-process cluster of 2 workers and 1 parameter
-   server (`ParameterServerStrategy`, 30 worker steps an epoch), each
-   worker its own order of the data: with delayed Nesterov (the default
-   there) at `steps_per_execution` 10 and 5; with `delayed_nesterov=False`
-   (an outer Nesterov step per commit, as before); and model averaging
-   (outer `SGD(1.0)`);
-2. synchronous, 2 workers of `MultiWorkerMirroredStrategy` from one
-   `keras_clones.launch` (global batch 64, 15 steps an epoch: the same
-   examples and commits): DiLoCo and model averaging;
-3. one process (batch 32, 30 steps an epoch): DiLoCo and model averaging.
-
-Every configuration runs seeds 0, 1, 2 (the initial weights, and the
-order of the data where it is fixed). The goal (issue 49): asynchronous
-DiLoCo's loss does not rise after epoch 2, and its held-out accuracy lies
-within the seed range of synchronous DiLoCo or above it.
-
-The driver imports no TensorFlow: it runs the asynchronous and
-one-process parts in a child process and the synchronous part as a launch,
-prints a table, and writes the records to `bench/out/ps_diloco.json`.
-
-Usage:
-    python bench/ps_diloco.py [--quick] [--out DIR] [--from-json PATH]
+    python bench/ps_diloco.py [--quick] [--seeds S [S ...]]
 """
 
-import argparse
+import contextlib
+import functools
 import json
 import os
-import pathlib
 import statistics
 import sys
-from contextlib import nullcontext
 
-import flags
+import harness
 import launching
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-PART_FLAG = "--part"
-RESULT = "RESULT "
 PERIOD, BATCH, STEPS, EPOCHS = 5, 32, 30, 6
-SEEDS = (0, 1, 2)
 TIMEOUT = 1800
-
-# name: (mode, outer optimizer's arguments, delayed_nesterov, steps per
-# execution)
+RESULT = launching.RESULT
+OUTER = {  # The outer SGD's arguments.
+    "nesterov": {"learning_rate": 0.7, "momentum": 0.9, "nesterov": True},
+    "averaging": {"learning_rate": 1.0},
+}
+# name: (mode, outer optimizer, delayed_nesterov, steps per execution)
 CONFIGS = {
     "async DiLoCo, delayed Nesterov, K=10": ("async", "nesterov", None, 10),
     "async DiLoCo, delayed Nesterov, K=5": ("async", "nesterov", None, 5),
-    "async DiLoCo, Nesterov per commit, K=10": (
-        "async",
-        "nesterov",
-        False,
-        10,
-    ),
+    "async DiLoCo, Nesterov per commit, K=10": ("async", "nesterov", False, 10),
     "async model averaging, K=10": ("async", "averaging", None, 10),
     "sync DiLoCo": ("sync", "nesterov", None, 1),
     "sync model averaging": ("sync", "averaging", None, 1),
     "one process DiLoCo": ("one_process", "nesterov", None, 1),
     "one process model averaging": ("one_process", "averaging", None, 1),
 }
+FLAGS = [harness.Flag("--seeds", [0, 1, 2], quick=[0], type=int, help="seeds")]
 
 
-# The runs: in a child process (asynchronous, one process) or a worker of
-# the launch (synchronous).
+# The runs: in a child process (`--worker async`: asynchronous, one
+# process) or a worker of the launch (`--worker sync`: synchronous).
 
 
-def run_part(part, seeds):
+def worker(argv):
+    part, args = argv[0], BENCHMARK.parse(argv[1:])
     os.environ["KERAS_BACKEND"] = "tensorflow"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if part == "sync":
@@ -88,7 +60,7 @@ def run_part(part, seeds):
     for name, (mode, outer, delayed, per_call) in CONFIGS.items():
         if mode != part and not (part == "async" and mode == "one_process"):
             continue
-        for seed in seeds:
+        for seed in args.seeds:
             record = train(strategy, mode, outer, delayed, per_call, seed)
             record.update(config=name, seed=seed)
             if chief:
@@ -109,25 +81,16 @@ def train(strategy, mode, outer, delayed, per_call, seed):
     x, x_test, y, y_test = train_test_split(
         x, digits.target, test_size=0.25, random_state=0
     )
-    scope = strategy.scope() if mode != "one_process" else nullcontext()
-    with scope:
-        outer_optimizer = (
-            keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
-            if outer == "nesterov"
-            else keras.optimizers.SGD(1.0)
-        )
+    one_process = mode == "one_process"
+    with contextlib.nullcontext() if one_process else strategy.scope():
+        outer_optimizer = keras.optimizers.SGD(**OUTER[outer])
+        init = keras.initializers.GlorotUniform
         inputs = keras.Input((64,))
-        hidden = keras.layers.Dense(
-            128,
-            activation="relu",
-            kernel_initializer=keras.initializers.GlorotUniform(seed),
-        )(inputs)
-        outputs = keras.layers.Dense(
-            10,
-            activation="softmax",
-            kernel_initializer=keras.initializers.GlorotUniform(seed + 100),
-        )(hidden)
-        model = keras_clones.CloneModel(inputs, outputs)
+        hidden = keras.layers.Dense(128, "relu", kernel_initializer=init(seed))
+        output = keras.layers.Dense(
+            10, "softmax", kernel_initializer=init(seed + 100)
+        )
+        model = keras_clones.CloneModel(inputs, output(hidden(inputs)))
         model.compile(
             keras_clones.AGNOptimizer(
                 keras.optimizers.AdamW(1e-3),
@@ -142,7 +105,7 @@ def train(strategy, mode, outer, delayed, per_call, seed):
             steps_per_execution=per_call,
         )
 
-    def data():
+    def data():  # Made where it runs: on each asynchronous worker.
         return tf.data.Dataset.from_tensor_slices((x, y))
 
     if mode == "async":
@@ -150,9 +113,9 @@ def train(strategy, mode, outer, delayed, per_call, seed):
         dataset = lambda: data().shuffle(len(x)).batch(BATCH)  # noqa: E731
         steps = STEPS
     else:
-        shuffled = data().shuffle(len(x), seed=seed).repeat()
         workers = 2 if mode == "sync" else 1
-        dataset = shuffled.batch(BATCH * workers)
+        dataset = data().shuffle(len(x), seed=seed).repeat()
+        dataset = dataset.batch(BATCH * workers)
         steps = STEPS // workers
     history = model.fit(
         dataset,
@@ -170,28 +133,26 @@ def train(strategy, mode, outer, delayed, per_call, seed):
 # The driver.
 
 
-def run(args):
-    seeds = SEEDS[:1] if args.quick else SEEDS
-    arguments = [PART_FLAG, "async", "--seeds", *map(str, seeds)]
-    records = []
-    status, lines = launching.run_process(
-        [sys.executable, __file__, *arguments],
-        TIMEOUT,
-        on_line=lambda line: _progress(line, records, ""),
-    )
-    if status:
-        launching.print_failure("the asynchronous part", status, lines)
-        return None
-    arguments[1] = "sync"
-    status, lines = launching.run_launch(
-        2,
-        [__file__, *arguments],
-        TIMEOUT,
-        on_line=lambda line: _progress(line, records, "[worker 0] "),
-    )
-    if status:
-        launching.print_failure("the synchronous part", status, lines)
-        return None
+def measure(args):
+    """The records of the asynchronous and one-process child, then of the
+    synchronous launch; None if either failed."""
+    records, seeds = [], ["--seeds", *map(str, args.seeds)]
+    for part, prefix in (("async", ""), ("sync", "[worker 0] ")):
+        arguments = [__file__, harness.WORKER_FLAG, part, *seeds]
+        on_line = functools.partial(_progress, records=records, prefix=prefix)
+        if part == "async":
+            command = [sys.executable, *arguments]
+            status, lines = launching.run_process(
+                command, TIMEOUT, None, on_line
+            )
+        else:
+            status, lines = launching.run_launch(
+                2, arguments, TIMEOUT, None, on_line
+            )
+        if status:
+            name = "asynchronous" if part == "async" else "synchronous"
+            launching.print_failure(f"the {name} part", status, lines)
+            return None
     return {"period": PERIOD, "batch": BATCH, "records": records}
 
 
@@ -231,19 +192,26 @@ def summary(records):
     return rows
 
 
-def report(data):
+def report(data, args):
     rows = summary(data["records"])
+    cells = [
+        [name, f"{row['mean']:.4f} ({row['low']:.4f}-{row['high']:.4f})"]
+        + [" ".join(f"{v:.2f}" for v in row["loss"]), f"{row['rise']:.3f}"]
+        for name, row in rows.items()
+    ]
     print(
-        "\n| configuration | held-out accuracy, mean (seeds' range) | "
-        "loss per epoch (mean over seeds) | largest rise after epoch 2 |"
+        "\n"
+        + harness.table(
+            ["configuration", "held-out accuracy, mean (seeds' range)"]
+            + [
+                "loss per epoch (mean over seeds)",
+                "largest rise after epoch 2",
+            ],
+            cells,
+            align="llll",
+        ),
+        end="",
     )
-    print("|---|---|---|---|")
-    for name, row in rows.items():
-        losses = " ".join(f"{v:.2f}" for v in row["loss"])
-        print(
-            f"| {name} | {row['mean']:.4f} ({row['low']:.4f}-"
-            f"{row['high']:.4f}) | {losses} | {row['rise']:.3f} |"
-        )
     delayed = rows.get("async DiLoCo, delayed Nesterov, K=10")
     sync = rows.get("sync DiLoCo")
     if delayed and sync:
@@ -258,24 +226,15 @@ def report(data):
         )
 
 
-def main():
-    if PART_FLAG in sys.argv:
-        parser = argparse.ArgumentParser()
-        parser.add_argument(PART_FLAG, choices=("async", "sync"))
-        parser.add_argument("--seeds", type=int, nargs="+")
-        args = parser.parse_args()
-        run_part(args.part, args.seeds)
-        return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="seed 0 only (a smoke test)"
-    )
-    flags.add_record_flags(parser, ROOT)
-    args = parser.parse_args()
-    data = flags.records(args, lambda: run(args), "ps_diloco.json")
-    if data is not None:
-        report(data)
-
+BENCHMARK = harness.Benchmark(
+    __doc__,
+    measure,
+    report,
+    flags=FLAGS,
+    quick="seed 0 only (a smoke test)",
+    record="ps_diloco.json",
+    worker=worker,
+)
 
 if __name__ == "__main__":
-    main()
+    harness.run(BENCHMARK)

@@ -1,22 +1,26 @@
-"""The analysis, tables and figures of `bench/wan.py`.
+"""The analysis, tables and figures of `bench/wan.py`, and the parts of
+them that `bench/overlap.py` and `bench/wan_jax.py` share.
 
-Standard library only, but for matplotlib in `figures`: the workers use
-the analysis to choose configurations, the driver (no TensorFlow) prints
+Standard library only, but for matplotlib in the figures: the workers use
+the analysis to choose configurations, the drivers (no TensorFlow) print
 the report.
 """
 
 import dataclasses
+import itertools
 import math
 import os
 import statistics
 
 import agn_rounds
+import harness
 import launching
 import mnist_mlp
 import netns
 
 cost_model = launching.package_module("cost_model")
 
+SYNC = agn_rounds.config_name("sync", 1)
 POINTS_BELOW = 0.005  # The target: synchronous training's final mean less.
 PREDICTION_TOLERANCE = 0.25
 END_TO_END_TOLERANCE = 0.15
@@ -58,36 +62,38 @@ def reach(curve, target):
     return next((p for p in curve if p["mean"] >= target - 1e-12), None)
 
 
-def _curve(config_runs):
-    """Per epoch: epoch, steps, all-reduces and the accuracy's mean, min
-    and max over the seeds."""
-    return [
-        {
-            "epoch": epoch,
-            "all_reduces": all_reduces,
-            "mean": mean,
-            "low": low,
-            "high": high,
-            "steps": record["steps"],
-        }
-        for (epoch, all_reduces, mean, low, high), record in zip(
-            agn_rounds.mean_curve(config_runs), config_runs[0]["records"]
+def mean_curve(runs):
+    """Per epoch of one configuration's `runs` (its seeds): the epoch,
+    steps, all-reduces and the accuracy's mean, min and max."""
+    curve = []
+    for records in zip(*(run["records"] for run in runs)):
+        accuracies = [r["accuracy"] for r in records]
+        first = records[0]
+        curve.append(
+            {
+                "epoch": first["epoch"],
+                "steps": first["steps"],
+                "all_reduces": first["all_reduces"],
+                "mean": sum(accuracies) / len(accuracies),
+                "low": min(accuracies),
+                "high": max(accuracies),
+            }
         )
-    ]
+    return curve
 
 
 def analyse_steps(runs):
     """The targets and, per configuration, its curve and what it needs to
     reach each target (its seeds' mean, and seed 0 alone)."""
     configs = agn_rounds.by_config(runs)
-    sync_runs = configs[agn_rounds.config_name("sync", 1)]
+    sync_runs = configs[SYNC]
     final_epoch = min(len(r["records"]) for r in sync_runs)
     final = [r["records"][final_epoch - 1]["accuracy"] for r in sync_runs]
     target = statistics.mean(final) - POINTS_BELOW
     strict = min(final)
     curves, rows = {}, {}
     for name, config_runs in configs.items():
-        curve = curves[name] = _curve(config_runs)
+        curve = curves[name] = mean_curve(config_runs)
         first = config_runs[0]
         seed_0 = next(r for r in config_runs if r["seed"] == 0)
         rows[name] = {
@@ -104,7 +110,7 @@ def analyse_steps(runs):
             "final": curve[-1],
             "target": reach(curve, target),
             "strict": reach(curve, strict),
-            "seed_0": reach(_curve([seed_0]), target),
+            "seed_0": reach(mean_curve([seed_0]), target),
             "seed_0_records": seed_0["records"],
         }
     return {"target": target, "strict": strict, "curves": curves, "rows": rows}
@@ -125,6 +131,14 @@ def best_for_16_bits(steps):
 
     rows = [r for r in _local_rows(steps) if r["communication_dtype"] is None]
     return tuple(min(rows, key=key)["key"])
+
+
+def step_factor(steps, name):
+    """A configuration's steps to the target over synchronous training's."""
+    sync, point = steps["rows"][SYNC]["target"], steps["rows"][name]["target"]
+    if sync is None or point is None:
+        return None
+    return point["steps"] / sync["steps"]
 
 
 # Time per step.
@@ -158,7 +172,6 @@ def time_cells(timings):
                 "median": statistics.median(blocks),
                 "low": min(blocks),
                 "high": max(blocks),
-                "blocks": len(blocks),
                 "steps": len(epochs) * timing["steps_per_epoch"],
             }
     return cells
@@ -179,23 +192,6 @@ def fastest_local(steps, cells, link):
 
 
 # The cost model.
-
-
-def fit_cost(timings, cells, meta):
-    """The cost model fitted on the unshaped link's 32-bit cells, where
-    the bandwidth costs next to nothing."""
-    measurements = [
-        (
-            t["period"],
-            meta["steps_per_execution"],
-            cells[t["config"], "unshaped"]["median"],
-        )
-        for t in timings
-        if t["communication_dtype"] is None
-    ]
-    return cost_model.fit_step_cost(
-        measurements, timings[0]["bytes_per_round"], agn_rounds.WORKERS
-    )
 
 
 def predicted(cost, timing, link, meta):
@@ -235,6 +231,11 @@ def _bandwidth(bits):
     return "-" if bits is None else cost_model.format_bandwidth(bits)
 
 
+def _text(value, form):
+    """`value` formatted by `form`, "-" when None."""
+    return "-" if value is None else form.format(value)
+
+
 def _reach_text(point):
     if point is None:
         return "not reached"
@@ -242,165 +243,117 @@ def _reach_text(point):
 
 
 def steps_table(steps):
-    sync = steps["rows"][agn_rounds.config_name("sync", 1)]
-    lines = [
-        "| config | seeds | final accuracy, mean (min-max) | epochs "
-        f"| to target {steps['target']:.4f}: steps (epoch), all-reduces "
-        "| steps vs synchronous "
-        f"| to strict target {steps['strict']:.4f}: steps (epoch), "
-        "all-reduces |",
-        "|---|---:|---|---:|---:|---:|---:|",
-    ]
+    rows = []
     for name, row in steps["rows"].items():
         final = row["final"]
         factor = "-"
-        if row["target"] and sync["target"]:
-            factor = f"{row['target']['steps'] / sync['target']['steps']:.2f}"
-        lines.append(
-            f"| {name} | {row['seeds']} | {final['mean']:.4f} "
-            f"({final['low']:.4f}-{final['high']:.4f}) | {final['epoch']} "
-            f"| {_reach_text(row['target'])} | {factor} "
-            f"| {_reach_text(row['strict'])} |"
-        )
-    return "\n".join(lines)
+        if row["target"] and steps["rows"][SYNC]["target"]:
+            factor = f"{step_factor(steps, name):.2f}"
+        spread = f"{final['low']:.4f}-{final['high']:.4f}"
+        rows.append([name, row["seeds"], f"{final['mean']:.4f} ({spread})"])
+        rows[-1] += [final["epoch"], _reach_text(row["target"]), factor]
+        rows[-1].append(_reach_text(row["strict"]))
+    target, strict = steps["target"], steps["strict"]
+    return harness.table(
+        ["config", "seeds", "final accuracy, mean (min-max)", "epochs"]
+        + [f"to target {target:.4f}: steps (epoch), all-reduces"]
+        + ["steps vs synchronous"]
+        + [f"to strict target {strict:.4f}: steps (epoch), all-reduces"],
+        rows,
+        align="lrlrrrr",
+    )
 
 
 def time_rows(steps, timings, cells, cost, meta):
-    """Per link and configuration: measured and predicted ms per step,
-    time to target, speed-up over synchronous training."""
+    """Per link and configuration: measured and predicted seconds per
+    step, time to target, speed-up over synchronous training, and the
+    time table's row (`"text"`)."""
     rows = []
-    sync_name = agn_rounds.config_name("sync", 1)
+    sync_point = steps["rows"][SYNC]["target"]
     for link in meta["links"]:
-        sync_point = steps["rows"][sync_name]["target"]
         sync_time = None
         if sync_point is not None:
-            sync_time = sync_point["steps"] * cells[sync_name, link]["median"]
+            sync_time = sync_point["steps"] * cells[SYNC, link]["median"]
         for timing in timings:
             name = timing["config"]
-            cell = cells[name, link]
-            row = steps["rows"][name]
+            cell, row = cells[name, link], steps["rows"][name]
             point = row["target"]
-            to_target = (
-                None if point is None else point["steps"] * cell["median"]
-            )
+            to_target = point and point["steps"] * cell["median"]
             speed_up = None
             if to_target is not None and sync_time is not None:
                 speed_up = sync_time / to_target
             guess = predicted(cost, timing, link, meta)
+            error = guess / cell["median"] - 1
+            measured = f"{_ms(cell['median'])} ({_ms(cell['low'])}-"
+            text = [netns.LINKS[link].name, name, measured]
+            text[-1] += f"{_ms(cell['high'])})"
+            text += [f"{_ms(guess)} ({100 * error:+.0f}%)"]
+            text += [point and f"{point['steps']:,}" or "not reached"]
+            text += [_text(to_target, "{:.1f}"), _text(speed_up, "{:.1f}x")]
+            text += [f"{row['final']['mean']:.4f}"]
             rows.append(
                 {
                     "link": link,
                     "config": name,
                     "period": timing["period"],
-                    "cell": cell,
-                    "predicted": guess,
-                    "error": guess / cell["median"] - 1,
-                    "to_target": to_target,
+                    "median": cell["median"],
+                    "error": error,
                     "speed_up": speed_up,
-                    "final": row["final"]["mean"],
-                    "steps": None if point is None else point["steps"],
+                    "text": text,
                 }
             )
     return rows
 
 
 def time_table(rows):
-    lines = [
-        "| link | config | ms/step, median (min-max) | predicted (error) "
-        "| steps to target | time to target, s | speed-up vs synchronous "
-        "| final accuracy |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        cell = row["cell"]
-        to_target = (
-            "-" if row["to_target"] is None else f"{row['to_target']:.1f}"
-        )
-        speed_up = "-" if row["speed_up"] is None else f"{row['speed_up']:.1f}x"
-        steps = "not reached" if row["steps"] is None else f"{row['steps']:,}"
-        lines.append(
-            f"| {netns.LINKS[row['link']].name} | {row['config']} "
-            f"| {_ms(cell['median'])} ({_ms(cell['low'])}-{_ms(cell['high'])}) "
-            f"| {_ms(row['predicted'])} ({100 * row['error']:+.0f}%) "
-            f"| {steps} | {to_target} | {speed_up} | {row['final']:.4f} |"
-        )
-    return "\n".join(lines)
+    return harness.table(
+        ["link", "config", "ms/step, median (min-max)", "predicted (error)"]
+        + ["steps to target", "time to target, s", "speed-up vs synchronous"]
+        + ["final accuracy"],
+        [row["text"] for row in rows],
+        align="llrrrrrr",
+    )
 
 
-def end_to_end_rows(data, steps, cells):
+def end_to_end_table(data, steps, cells):
+    """Each end-to-end run against steps to target x ms per step."""
     rows = []
     for run in data["end_to_end"]:
         row = steps["rows"][run["config"]]
-        cell = cells[run["config"], run["link"]]
-        seed_0 = row["seed_0"]
-        product = None if seed_0 is None else seed_0["steps"] * cell["median"]
-        same = [r["accuracy"] for r in run["records"]] == [
-            r["accuracy"] for r in row["seed_0_records"][: len(run["records"])]
+        seed_0, seconds = row["seed_0"], run["seconds"]
+        median = cells[run["config"], run["link"]]["median"]
+        product = seed_0 and seed_0["steps"] * median
+        accuracies = [r["accuracy"] for r in run["records"]]
+        same = accuracies == [
+            r["accuracy"] for r in row["seed_0_records"][: len(accuracies)]
         ]
-        ratio = None
-        if product is not None and run["seconds"] is not None:
-            ratio = run["seconds"] / product
+        ratio, within = "-", "-"
+        if product is not None and seconds is not None:
+            ratio = f"{seconds / product:.2f}"
+            close = abs(seconds / product - 1) <= END_TO_END_TOLERANCE
+            within = "yes" if close else "NO"
         rows.append(
-            {
-                "config": run["config"],
-                "link": run["link"],
-                "epoch": run["reached_epoch"],
-                "seconds": run["seconds"],
-                "product": product,
-                "ratio": ratio,
-                "same": same,
-            }
+            [run["config"], netns.LINKS[run["link"]].name]
+            + [run["reached_epoch"] or "not reached"]
+            + [_text(seconds, "{:.1f}"), _text(product, "{:.1f}"), ratio]
+            + [within, "yes" if same else "NO"]
         )
-    return rows
-
-
-def end_to_end_table(rows):
-    lines = [
-        "| config | link | epoch reached (seed 0) | wall-clock to target, s "
-        "| steps x ms/step, s | measured / product | within 15% "
-        "| accuracies equal the steps-to-target run |",
-        "|---|---|---:|---:|---:|---:|---|---|",
-    ]
-    for row in rows:
-        if row["ratio"] is None:
-            seconds = "-" if row["seconds"] is None else f"{row['seconds']:.1f}"
-            product = "-" if row["product"] is None else f"{row['product']:.1f}"
-            measured = f"| {seconds} | {product} | - | - "
-        else:
-            within = abs(row["ratio"] - 1) <= END_TO_END_TOLERANCE
-            measured = (
-                f"| {row['seconds']:.1f} | {row['product']:.1f} "
-                f"| {row['ratio']:.2f} | {'yes' if within else 'NO'} "
-            )
-        lines.append(
-            f"| {row['config']} | {netns.LINKS[row['link']].name} "
-            f"| {row['epoch'] or 'not reached'} {measured}"
-            f"| {'yes' if row['same'] else 'NO'} |"
-        )
-    return "\n".join(lines)
-
-
-def step_factor(steps, name):
-    """A configuration's steps to the target over synchronous training's."""
-    sync = steps["rows"][agn_rounds.config_name("sync", 1)]["target"]
-    point = steps["rows"][name]["target"]
-    if sync is None or point is None:
-        return None
-    return point["steps"] / sync["steps"]
+    return harness.table(
+        ["config", "link", "epoch reached (seed 0)", "wall-clock to target, s"]
+        + ["steps x ms/step, s", "measured / product", "within 15%"]
+        + ["accuracies equal the steps-to-target run"],
+        rows,
+        align="llrrrrll",
+    )
 
 
 def break_even_table(steps, timings, rows, cost, meta):
-    lines = [
-        "| config | step factor | measured speed-ups (link: x) "
-        "| break-even bandwidth, measured | cost model |",
-        "|---|---:|---|---:|---:|",
-    ]
+    lines = []
     for timing in timings:
         name = timing["config"]
         factor = step_factor(steps, name)
         if timing["period"] == 1 or factor is None:
             continue
-        measured_text = measured_break_even(rows, name)
         model = dataclasses.replace(cost, model_bytes=timing["bytes_per_round"])
         even = model.break_even_bandwidth(
             timing["period"], factor, meta["steps_per_execution"]
@@ -410,49 +363,33 @@ def break_even_table(steps, timings, rows, cost, meta):
             for r in rows
             if r["config"] == name and r["speed_up"] is not None
         )
-        lines.append(
-            f"| {name} | {factor:.2f} | {speed_ups} | {measured_text} "
-            f"| {_bandwidth(even)} |"
-        )
-    return "\n".join(lines)
+        lines.append([name, f"{factor:.2f}", speed_ups])
+        lines[-1] += [measured_break_even(rows, name), _bandwidth(even)]
+    return harness.table(
+        ["config", "step factor", "measured speed-ups (link: x)"]
+        + ["break-even bandwidth, measured", "cost model"],
+        lines,
+        align="lrlrr",
+    )
 
 
 def measured_break_even(rows, name):
     """Where configuration `name`'s measured speed-ups cross 1, between
     shaped links (the unshaped link's rate is not known)."""
+    mine = [r for r in rows if r["config"] == name and r["speed_up"]]
     shaped = [
         (netns.LINKS[r["link"]].bits_per_second, r["speed_up"])
-        for r in rows
-        if r["config"] == name
-        and r["speed_up"] is not None
-        and netns.LINKS[r["link"]].rate is not None
+        for r in mine
+        if netns.LINKS[r["link"]].rate is not None
     ]
     crossed = crossing(shaped)
     if crossed is not None:
         return _bandwidth(crossed)
-    unshaped = [
-        r["speed_up"]
-        for r in rows
-        if r["config"] == name and r["link"] == "unshaped" and r["speed_up"]
-    ]
     if all(s > 1 for _, s in shaped):
-        if all(s > 1 for s in unshaped):
+        if all(r["speed_up"] > 1 for r in mine if r["link"] == "unshaped"):
             return "above every link: faster on all, unshaped too"
         return "between the fastest shaped link and the unshaped one"
     return "below every link"
-
-
-def measured_speed_ups(rows, name):
-    """`(bits per second, speed-up)` of configuration `name` on each link
-    (the unshaped one at `UNSHAPED_BITS`)."""
-    return [
-        (
-            netns.LINKS[r["link"]].bits_per_second or UNSHAPED_BITS,
-            r["speed_up"],
-        )
-        for r in rows
-        if r["config"] == name and r["speed_up"] is not None
-    ]
 
 
 def extrapolation_table(cost, period, factor, large_compute, execution):
@@ -460,72 +397,70 @@ def extrapolation_table(cost, period, factor, large_compute, execution):
     synchronous training, for more workers on faster links (each worker
     its own network card), with the ring's per-hop overhead as fitted here
     and without any (bandwidth alone)."""
-    lines = [
-        "| model | hop overhead | workers | link (per worker) "
-        f"| synchronous ms/step | AGN p={period} ms/step | speed-up "
-        f"| break-even period | AGN p={period} wins below |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
-    ]
+    mlp = f"{mnist_mlp.NAME} ({cost.model_bytes / 1e6:.2f} MB)"
+    compute, large = cost.compute_seconds, large_compute / 1e3
     models = (
-        (
-            f"{mnist_mlp.NAME} ({cost.model_bytes / 1e6:.2f} MB), compute "
-            f"{_ms(cost.compute_seconds)} ms",
-            cost.model_bytes,
-            cost.compute_seconds,
-        ),
-        (
-            f"100 MB, compute {large_compute:g} ms",
-            LARGE_MODEL_BYTES,
-            large_compute / 1e3,
-        ),
+        (f"{mlp}, compute {_ms(compute)} ms", cost.model_bytes, compute),
+        (f"100 MB, compute {large_compute:g} ms", LARGE_MODEL_BYTES, large),
     )
-    for label, model_bytes, compute in models:
-        for hop in (cost.hop_seconds, 0.0):
-            for workers in EXTRAPOLATION_WORKERS:
-                for bandwidth in EXTRAPOLATION_BANDWIDTHS:
-                    model = dataclasses.replace(
-                        cost,
-                        compute_seconds=compute,
-                        hop_seconds=hop,
-                        model_bytes=model_bytes,
-                        workers=workers,
-                        shared_link=False,
-                    )
-                    lines.append(
-                        f"| {label} | {_ms(hop)} ms | {workers} "
-                        f"| {_bandwidth(bandwidth)} "
-                        + _extrapolated(
-                            model, period, bandwidth, factor, execution
-                        )
-                    )
-    return "\n".join(lines)
+    rows = []
+    for (
+        label,
+        model_bytes,
+        seconds,
+    ), hop, workers, bandwidth in itertools.product(
+        models,
+        (cost.hop_seconds, 0.0),
+        EXTRAPOLATION_WORKERS,
+        EXTRAPOLATION_BANDWIDTHS,
+    ):
+        model = dataclasses.replace(
+            cost,
+            compute_seconds=seconds,
+            hop_seconds=hop,
+            model_bytes=model_bytes,
+            workers=workers,
+            shared_link=False,
+        )
+        rows.append(
+            [label, f"{_ms(hop)} ms", workers, _bandwidth(bandwidth)]
+            + _extrapolated(model, period, bandwidth, factor, execution)
+        )
+    return harness.table(
+        ["model", "hop overhead", "workers", "link (per worker)"]
+        + ["synchronous ms/step", f"AGN p={period} ms/step", "speed-up"]
+        + ["break-even period", f"AGN p={period} wins below"],
+        rows,
+        align="lrrlrrrrr",
+    )
 
 
 def _extrapolated(model, period, bandwidth, factor, execution):
-    """The table cells that `model` predicts (`execution`: steps per
+    """The table's cells that `model` predicts (`execution`: steps per
     execution)."""
     even = model.break_even_period(bandwidth, factor, execution)
     below = model.break_even_bandwidth(period, factor, execution)
     speed_up = model.speed_up(period, bandwidth, factor, execution)
-    return (
-        f"| {_ms(model.step_seconds(1, bandwidth, execution))} "
-        f"| {_ms(model.step_seconds(period, bandwidth, execution))} "
-        f"| {speed_up:.1f}x "
-        f"| {even or 'none'} | {_bandwidth(below)} |"
-    )
+    return [
+        _ms(model.step_seconds(1, bandwidth, execution)),
+        _ms(model.step_seconds(period, bandwidth, execution)),
+        f"{speed_up:.1f}x",
+        even or "none",
+        _bandwidth(below),
+    ]
 
 
 def goal_line(rows):
     """Whether some AGN configuration reaches the target `GOAL` times
     sooner than synchronous training on `GOAL_LINK`."""
     link = netns.LINKS[GOAL_LINK].name
+    if not any(r["link"] == GOAL_LINK for r in rows):
+        return f"\nGoal (at {link}): not measured (no shaped links)."
     local = [
         r
         for r in rows
         if r["link"] == GOAL_LINK and r["period"] > 1 and r["speed_up"]
     ]
-    if not any(r["link"] == GOAL_LINK for r in rows):
-        return f"\nGoal (at {link}): not measured (no shaped links)."
     if not local:
         return f"\nGoal (at {link}): no AGN configuration reached the target."
     best = max(local, key=lambda r: r["speed_up"])
@@ -539,20 +474,28 @@ def goal_line(rows):
 
 def report(data, args):
     """Prints the tables and draws the figures of a run's records."""
-    meta = data["meta"]
-    for timing in data["timings"]:
-        timing.setdefault("steps_per_epoch", meta["steps_per_epoch"])
+    meta, timings = data["meta"], data["timings"]
     steps = analyse_steps(data["runs"])
-    cells = time_cells(data["timings"])
-    cost = fit_cost(data["timings"], cells, meta)
-    rows = time_rows(steps, data["timings"], cells, cost, meta)
+    cells = time_cells(timings)
+    execution = meta["steps_per_execution"]
+    # Fitted on the unshaped link, where the bandwidth costs next to nothing.
+    cost = cost_model.fit_step_cost(
+        [
+            (t["period"], execution, cells[t["config"], "unshaped"]["median"])
+            for t in timings
+            if t["communication_dtype"] is None
+        ],
+        timings[0]["bytes_per_round"],
+        agn_rounds.WORKERS,
+    )
+    rows = time_rows(steps, timings, cells, cost, meta)
     print(
         f"\nTensorFlow {meta['tensorflow']}, Keras {meta['keras']}; "
         f"{agn_rounds.WORKERS} workers; wall time {meta['wall_s']:.0f} s "
         f"(training {meta['seconds']:.0f} s). {meta['train_size']:,} "
         f"training and {meta['held_out_size']:,} held-out digits, global "
-        f"batch {meta['global_batch']}, steps_per_execution "
-        f"{meta['steps_per_execution']}; learning rates "
+        f"batch {meta['global_batch']}, steps_per_execution {execution}; "
+        "learning rates "
         + ", ".join(f"{rule} {lr:g}" for rule, lr in meta["lr"].items())
         + "."
     )
@@ -567,7 +510,7 @@ def report(data, args):
     )
     print(steps_table(steps))
     print(
-        f"\nTime per step and to target (seed 0 timed; whole periods, "
+        f"Time per step and to target (seed 0 timed; whole periods, "
         f"{meta['plan']['repeats']} repeats interleaved). Predicted: the "
         f"cost model fitted on the unshaped link: "
         f"compute {_ms(cost.compute_seconds)} ms per step, "
@@ -577,21 +520,19 @@ def report(data, args):
     print(time_table(rows))
     worst = max(abs(r["error"]) for r in rows)
     print(
-        f"\nLargest prediction error: {100 * worst:.0f}% "
+        f"Largest prediction error: {100 * worst:.0f}% "
         f"({'within' if worst <= PREDICTION_TOLERANCE else 'NOT within'} "
         f"{100 * PREDICTION_TOLERANCE:.0f}%)."
     )
-    e2e = end_to_end_rows(data, steps, cells)
     print("\nEnd to end (seed 0; evaluation left out of the clock):\n")
-    print(end_to_end_table(e2e))
-    print("\nBreak-even: AGN is faster to the target below this bandwidth.\n")
-    print(break_even_table(steps, data["timings"], rows, cost, meta))
+    print(end_to_end_table(data, steps, cells))
+    print("Break-even: AGN is faster to the target below this bandwidth.\n")
+    print(break_even_table(steps, timings, rows, cost, meta), end="")
     print(goal_line(rows))
     # The 32-bit variant of the configuration run end to end.
-    rule, period, _ = steps["rows"][e2e[-1]["config"]]["key"]
+    rule, period, _ = steps["rows"][data["end_to_end"][-1]["config"]]["key"]
     fastest = steps["rows"][agn_rounds.config_name(rule, period)]
     factor = step_factor(steps, fastest["config"])
-    period = fastest["period"]
     if factor is not None:
         print(
             f"\nExtrapolated by the cost model (not measured): "
@@ -605,89 +546,87 @@ def report(data, args):
         model = dataclasses.replace(
             cost, model_bytes=fastest["bytes_per_round"]
         )
-        print(
-            extrapolation_table(
-                model,
-                period,
-                factor,
-                args.large_model_compute_ms,
-                meta["steps_per_execution"],
-            )
-        )
-    figures(data, steps, rows, cost, args.figures)
-
-
-def figures(data, steps, rows, cost, directory):
-    """`wan_accuracy.png` (accuracy against seconds, per link) and
-    `wan_speed_up.png` (speed-up against bandwidth, measured and modelled,
-    the break-even marked)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    meta = data["meta"]
-    links, execution = meta["links"], meta["steps_per_execution"]
-    os.makedirs(directory, exist_ok=True)
-    fig, axes = plt.subplots(
-        1, len(links), figsize=(4.5 * len(links), 4), squeeze=False
+        large = args.large_model_compute_ms
+        print(extrapolation_table(model, period, factor, large, execution))
+    seconds = {(r["config"], r["link"]): r["median"] for r in rows}
+    accuracy_figure(
+        os.path.join(args.figures, "wan_accuracy.png"),
+        steps,
+        seconds,
+        meta["links"],
+        "held-out accuracy, mean of seeds",
+        "training seconds (steps x ms/step)",
     )
-    seconds = {(r["config"], r["link"]): r["cell"]["median"] for r in rows}
-    for ax, link in zip(axes[0], links):
-        for name, curve in steps["curves"].items():
-            if (name, link) not in seconds:  # Not timed.
-                continue
-            ax.plot(
-                [p["steps"] * seconds[name, link] for p in curve],
-                [p["mean"] for p in curve],
-                label=name,
-            )
-        ax.axhline(steps["target"], color="grey", linestyle="--", linewidth=1)
-        ax.set_xscale("log")
-        ax.set_title(netns.LINKS[link].name)
-        ax.set_xlabel("training seconds (steps x ms/step)")
-        ax.set_ylim(0.85, 0.96)
-    axes[0][0].set_ylabel("held-out accuracy, mean of seeds")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    accuracy_path = os.path.join(directory, "wan_accuracy.png")
-    fig.savefig(accuracy_path, dpi=100)
-    plt.close(fig)
+    speed_up_figure(data, steps, rows, cost, args.figures)
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+
+def accuracy_figure(path, steps, seconds, links, ylabel, xlabel):
+    """Held-out accuracy (the mean of the seeds) against training seconds,
+    steps x `seconds[config, link]`, one panel per link."""
+
+    def draw(fig, axes):
+        axes = list(getattr(axes, "flat", [axes]))
+        for ax, link in zip(axes, links):
+            for name, curve in steps["curves"].items():
+                if (name, link) in seconds:  # Timed.
+                    per_step = seconds[name, link]
+                    x = [p["steps"] * per_step for p in curve]
+                    ax.plot(x, [p["mean"] for p in curve], label=name)
+            ax.axhline(steps["target"], color="grey", linestyle="--")
+            ax.set(xscale="log", ylim=(0.85, 0.96), xlabel=xlabel)
+            ax.set_title(netns.LINKS[link].name)
+        axes[0].set_ylabel(ylabel)
+        axes[-1].legend(fontsize=7, loc="lower right")
+
+    harness.figure(path, draw, (1, len(links)), (4.5 * len(links), 4))
+
+
+def speed_up_figure(data, steps, rows, cost, directory):
+    """`wan_speed_up.png`: speed-up against bandwidth, measured and
+    modelled, the break-even marked."""
+    execution = data["meta"]["steps_per_execution"]
     grid = [10 ** (6 + i / 20) for i in range(0, 91)]
-    for timing in data["timings"]:
-        name = timing["config"]
-        factor = step_factor(steps, name)
-        if timing["period"] == 1 or factor is None:
-            continue
-        model = dataclasses.replace(cost, model_bytes=timing["bytes_per_round"])
-        # Against synchronous training in 32 bits (`cost`'s bytes).
-        modelled = [
-            cost.step_seconds(1, b, execution)
-            / (factor * model.step_seconds(timing["period"], b, execution))
-            for b in grid
-        ]
-        line = ax.plot(grid, modelled, linewidth=1)[0]
-        measured = measured_speed_ups(rows, name)
-        ax.plot(*zip(*measured), "o", color=line.get_color(), label=name)
-        even = model.break_even_bandwidth(timing["period"], factor, execution)
-        if 0 < even < math.inf:
-            ax.axvline(even, color=line.get_color(), linestyle=":", linewidth=1)
-    ax.axhline(1, color="grey", linewidth=1)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel(
-        "link, bits/s (shared by both workers; unshaped at ~20 Gbit/s)"
-    )
-    ax.set_ylabel("speed-up to target over synchronous")
-    ax.set_title(
-        "measured (dots); cost model, plain link (lines); break-even (dotted)"
-    )
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    speed_up_path = os.path.join(directory, "wan_speed_up.png")
-    fig.savefig(speed_up_path, dpi=100)
-    plt.close(fig)
-    print(f"\nWrote {accuracy_path}, {speed_up_path}.")
+
+    def draw(fig, ax):
+        for timing in data["timings"]:
+            name, period = timing["config"], timing["period"]
+            factor = step_factor(steps, name)
+            if period == 1 or factor is None:
+                continue
+            model = dataclasses.replace(
+                cost, model_bytes=timing["bytes_per_round"]
+            )
+            # Against synchronous training in 32 bits (`cost`'s bytes).
+            modelled = [
+                cost.step_seconds(1, b, execution)
+                / (factor * model.step_seconds(period, b, execution))
+                for b in grid
+            ]
+            color = ax.plot(grid, modelled, linewidth=1)[0].get_color()
+            measured = [
+                (
+                    netns.LINKS[r["link"]].bits_per_second or UNSHAPED_BITS,
+                    r["speed_up"],
+                )
+                for r in rows
+                if r["config"] == name and r["speed_up"] is not None
+            ]
+            ax.plot(*zip(*measured), "o", color=color, label=name)
+            even = model.break_even_bandwidth(period, factor, execution)
+            if 0 < even < math.inf:
+                ax.axvline(even, color=color, linestyle=":", linewidth=1)
+        ax.axhline(1, color="grey", linewidth=1)
+        ax.set(xscale="log", yscale="log")
+        ax.set_xlabel(
+            "link, bits/s (shared by both workers; unshaped at ~20 Gbit/s)"
+        )
+        ax.set_ylabel("speed-up to target over synchronous")
+        ax.set_title(
+            "measured (dots); cost model, plain link (lines); "
+            "break-even (dotted)"
+        )
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+
+    path = os.path.join(directory, "wan_speed_up.png")
+    harness.figure(path, draw, size=(6.5, 4.5))

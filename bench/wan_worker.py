@@ -1,18 +1,25 @@
-"""The worker of `bench/wan.py`: one process of its launch, in the network
-namespace whose loopback the chief worker shapes.
+"""The workers of `bench/wan.py` and `bench/overlap.py`: the processes of a
+launch in the network namespace whose loopback the chief worker shapes.
 
-Imported by `wan.py --worker` once `MultiWorkerMirroredStrategy` exists.
+Imported by a worker once its `MultiWorkerMirroredStrategy` exists.
 """
 
+import json
 import math
 import time
 
 import agn_rounds
 import keras
+import launching
 import netns
+import overlap
+import tensorflow as tf
 import wan_report
 
 import keras_clones
+
+SYNC = agn_rounds.config_name("sync", 1)
+LRS = agn_rounds.LEARNING_RATES
 
 
 class LinkSchedule(keras.callbacks.Callback):
@@ -70,9 +77,15 @@ class TimeToTarget(keras.callbacks.Callback):
 class WanTrainer(agn_rounds.Trainer):
     """`agn_rounds.Trainer` on links the chief worker shapes."""
 
-    def __init__(self, strategy, data, chief, shaped):
+    def __init__(self, strategy, data, links):
+        chief = strategy.cluster_resolver.task_id == 0
         super().__init__(strategy, keras, keras_clones, data, chief)
-        self.shaped, self.link = shaped, "unshaped"
+        self.shaped = any(link != "unshaped" for link in links)
+        self.link, self.start = "unshaped", time.perf_counter()
+
+    def progress(self, text):
+        if self.chief:
+            print(launching.PROGRESS + text, flush=True)
 
     def use_link(self, link):
         """Shapes the loopback to `link` between two barriers, so that no
@@ -85,20 +98,22 @@ class WanTrainer(agn_rounds.Trainer):
         self.agree(0)
         self.link = link
 
-    def time_steps(self, config, lr, links, plan):
+    def warm_up_epochs(self, period):
+        """Epochs that trace the train function and run one round."""
+        return math.ceil(period / self.steps_per_epoch)
+
+    def time_steps(self, config, links, plan):
         """One model (seed 0) trained on `links` in turn, `plan["repeats"]`
         times, after warming up for a period on the unshaped link; each
         epoch's wall time and link."""
         rule, period, dtype = config
-        model, optimizer = self.build(rule, period, dtype, 0, lr)
+        model, optimizer = self.build(rule, period, dtype, 0, LRS[rule])
         epochs = wan_report.plan_epochs(period, self.steps_per_epoch, plan)
-        # Warm up (trace, and set up the round's collective) unshaped.
-        schedule = ["unshaped"] * self.warm_up_epochs(period)
-        for _ in range(plan["repeats"]):
-            for link in links:
-                schedule += [link] * epochs
-        schedule_callback = LinkSchedule(schedule, self)
-        self.fit(model, 0, len(schedule), [schedule_callback])
+        warm_up = self.warm_up_epochs(period)
+        per_repeat = [link for link in links for _ in range(epochs)]
+        schedule = ["unshaped"] * warm_up + per_repeat * plan["repeats"]
+        callback = LinkSchedule(schedule, self)
+        self.fit(model, 0, len(schedule), [callback])
         self.use_link("unshaped")
         block = wan_report.block_steps(period, self.steps_per_epoch)
         return {
@@ -108,21 +123,15 @@ class WanTrainer(agn_rounds.Trainer):
             "bytes_per_round": optimizer.bytes_per_round,
             "steps_per_epoch": self.steps_per_epoch,
             "block_epochs": block // self.steps_per_epoch,
-            "epochs": schedule_callback.epoch_seconds[
-                self.warm_up_epochs(period) :
-            ],
+            "epochs": callback.epoch_seconds[warm_up:],
         }
 
-    def warm_up_epochs(self, period):
-        """Epochs that trace the train function and run one round."""
-        return math.ceil(period / self.steps_per_epoch)
-
-    def end_to_end(self, config, lr, link, target, epochs):
+    def end_to_end(self, config, link, target, epochs):
         """Wall-clock to `target` on `link` (seed 0), evaluation left out.
         The train function is traced first, and one round run, on the
         unshaped link; that training is then undone."""
         rule, period, dtype = config
-        model, optimizer = self.build(rule, period, dtype, 0, lr)
+        model, optimizer = self.build(rule, period, dtype, 0, LRS[rule])
         state = {}
 
         def snapshot(logs=None):  # Once fit has built the optimizer.
@@ -134,9 +143,8 @@ class WanTrainer(agn_rounds.Trainer):
         model.set_weights(state["model"])
         optimizer.set_weights(state["optimizer"])
         self.use_link(link)
-        clock = TimeToTarget(
-            self.scorer(model, optimizer), optimizer, target, self
-        )
+        score = self.scorer(model, optimizer)
+        clock = TimeToTarget(score, optimizer, target, self)
         self.fit(model, 0, epochs, [clock])
         self.use_link("unshaped")
         return {
@@ -148,21 +156,111 @@ class WanTrainer(agn_rounds.Trainer):
             "seconds": clock.reached_seconds,
         }
 
+    def meta(self, links, plan, **more):
+        """The records' `meta`, `more` added."""
+        return {
+            "tensorflow": tf.__version__,
+            "keras": keras.__version__,
+            "links": links,
+            "shaped": self.shaped,
+            "plan": plan,
+            "train_size": len(self.y_train),
+            "held_out_size": len(self.y_held_out),
+            "seconds": time.perf_counter() - self.start,
+            **more,
+        }
 
-def main(strategy, plan, links, quick):
+
+class OverlapTrainer(WanTrainer):
+    """A `WanTrainer` whose epochs are a period (`overlap.PERIOD`) and whose
+    AGN takes the options of `variant` (`overlap.VARIANTS`)."""
+
+    def __init__(self, strategy, data, links):
+        super().__init__(strategy, data, links)
+        self.steps_per_epoch = overlap.PERIOD
+        self.variant = overlap.WITHOUT
+
+    def optimizer(self, rule, period, dtype, lr):
+        config = super().optimizer(rule, period, dtype, lr).get_config()
+        options = overlap.VARIANTS[self.variant]
+        config.update(overlap=options[0], fragments=options[1])
+        return keras_clones.AGNOptimizer.from_config(config)
+
+    def build(self, rule, period, dtype, seed, lr):
+        model, optimizer = super().build(rule, period, dtype, seed, lr)
+        with self.strategy.scope():  # An execution per fragment.
+            model.compile(
+                optimizer,
+                "sparse_categorical_crossentropy",
+                steps_per_execution=overlap.PERIOD // optimizer.fragments,
+            )
+        return model, optimizer
+
+    def scorer(self, model, optimizer):
+        """The centers' held-out accuracy, without applying the commit in
+        flight (which would change the run)."""
+        predict = tf.function(lambda x: model(x, training=False))
+        x_held_out = tf.constant(self.x_held_out)
+        variables = model.trainable_variables
+        assert len(variables) == len(model.weights)
+
+        def score():
+            local = [v.numpy() for v in variables]
+            for v in variables:
+                v.assign(optimizer.global_center_variable(v))
+            predictions = predict(x_held_out).numpy().argmax(axis=-1)
+            for v, value in zip(variables, local):
+                v.assign(value)
+            return float((predictions == self.y_held_out).mean())
+
+        return score
+
+    def build_variant(self, variant, seed):
+        self.variant = variant
+        lr = LRS["average"]
+        return self.build("average", overlap.PERIOD, None, seed, lr)
+
+    def run_variant(self, variant, seed, periods):
+        """`variant` trained `periods` periods from `seed`: its records
+        and its final accuracy (after `fit`, which applies the commit in
+        flight)."""
+        model, optimizer = self.build_variant(variant, seed)
+        score, records = self.scorer(model, optimizer), []
+
+        def record(epoch, logs):
+            records.append(
+                {
+                    "epoch": epoch + 1,
+                    "steps": int(optimizer.local_step.numpy()),
+                    "all_reduces": int(optimizer.communication_rounds.numpy()),
+                    "accuracy": score(),
+                }
+            )
+
+        callback = keras.callbacks.LambdaCallback(on_epoch_end=record)
+        self.fit(model, seed, periods, [callback])
+        return {
+            "config": variant,
+            "rule": "average",
+            "period": overlap.PERIOD,
+            "communication_dtype": None,
+            "seed": seed,
+            "bytes_per_round": optimizer.bytes_per_round,
+            "records": records,
+            "final": score(),
+        }
+
+
+def print_result(result):
+    """Prints the chief's `result` for the driver (None elsewhere)."""
+    if result is not None:
+        print(launching.RESULT + json.dumps(result), flush=True)
+
+
+def wan(strategy, plan, links, quick):
     """Steps to target, time per step per link, end to end; the chief's
     records (None on the other workers)."""
-    chief = strategy.cluster_resolver.task_id == 0
-    shaped = any(link != "unshaped" for link in links)
-    data = agn_rounds.load_data(quick)
-    trainer = WanTrainer(strategy, data, chief, shaped)
-    lrs = agn_rounds.LEARNING_RATES
-    start = time.perf_counter()
-
-    def progress(text):
-        if chief:
-            print(plan["progress_prefix"] + text, flush=True)
-
+    trainer = WanTrainer(strategy, agn_rounds.load_data(quick), links)
     # 1. Steps to target, on the unshaped link: every seed of every
     # configuration, then the bfloat16 variant of the best.
     configs = [(rule, period, None) for rule, period in plan["configs"]]
@@ -172,9 +270,7 @@ def main(strategy, plan, links, quick):
         rule, period, dtype = config
         epochs = plan["sync_epochs" if rule == "sync" else "local_epochs"]
         for seed in plan["seeds"]:
-            runs.append(
-                trainer.run(rule, period, dtype, seed, epochs, lrs[rule])
-            )
+            runs.append(trainer.run(*config, seed, epochs, LRS[rule]))
 
     for config in configs:
         train(config)
@@ -192,8 +288,8 @@ def main(strategy, plan, links, quick):
         sum(1 << i for i, c in enumerate(configs) if c in chosen)
     )
     for config in [c for i, c in enumerate(configs) if mask >> i & 1]:
-        timings.append(trainer.time_steps(config, lrs[config[0]], links, plan))
-        progress(f"timed {timings[-1]['config']} on {', '.join(links)}")
+        timings.append(trainer.time_steps(config, links, plan))
+        trainer.progress(f"timed {timings[-1]['config']} on {', '.join(links)}")
     # 3. End to end: synchronous and the AGN configuration that the
     # measured factors say is fastest (the chief's pick).
     link = plan["end_to_end_link"]
@@ -205,33 +301,74 @@ def main(strategy, plan, links, quick):
         name = agn_rounds.config_name(*config)
         epochs = trainer.agree(steps["curves"][name][-1]["epoch"])
         end_to_end.append(
-            trainer.end_to_end(
-                config, lrs[config[0]], link, steps["target"], epochs
-            )
+            trainer.end_to_end(config, link, steps["target"], epochs)
         )
-        progress(f"end to end: {name} on {link}")
-    if not chief:
+        trainer.progress(f"end to end: {name} on {link}")
+    if not trainer.chief:
         return None
-    import tensorflow as tf
-
-    meta = {
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "quick": quick,
-        "links": links,
-        "shaped": shaped,
-        "global_batch": agn_rounds.GLOBAL_BATCH,
-        "steps_per_epoch": trainer.steps_per_epoch,
-        "steps_per_execution": trainer.steps_per_epoch,
-        "train_size": len(data[1]),
-        "held_out_size": len(data[3]),
-        "lr": lrs,
-        "plan": {k: v for k, v in plan.items() if k != "progress_prefix"},
-        "seconds": time.perf_counter() - start,
-    }
+    meta = trainer.meta(
+        links,
+        plan,
+        quick=quick,
+        global_batch=agn_rounds.GLOBAL_BATCH,
+        steps_per_epoch=trainer.steps_per_epoch,
+        steps_per_execution=trainer.steps_per_epoch,
+        lr=LRS,
+    )
     return {
         "meta": meta,
         "runs": runs,
         "timings": timings,
         "end_to_end": end_to_end,
     }
+
+
+def overlap_runs(strategy, plan, links, quick):
+    """`bench/overlap.py`'s steps to target and time per step; the chief's
+    records (None on the other workers)."""
+    data = agn_rounds.load_data(quick)
+    sync = WanTrainer(strategy, data, links)
+    trainer = OverlapTrainer(strategy, data, links)
+
+    def progress(text):
+        seconds = time.perf_counter() - trainer.start
+        trainer.progress(f"{text} ({seconds:.0f} s)")
+
+    runs = []
+    for seed in plan["seeds"]:
+        epochs = plan["sync_epochs"]
+        runs.append(sync.run("sync", 1, None, seed, epochs, LRS["sync"]))
+        for variant in overlap.VARIANTS:
+            runs.append(trainer.run_variant(variant, seed, plan["periods"]))
+            progress(f"{variant} seed {seed}: final {runs[-1]['final']:.4f}")
+    # Time per step: one model each, seed 0, interleaved on the links.
+    models = {SYNC: (sync, sync.build("sync", 1, None, 0, LRS["sync"])[0])}
+    for variant in overlap.VARIANTS:
+        models[variant] = (trainer, trainer.build_variant(variant, 0)[0])
+    for owner, model in models.values():  # Trace; a round; unshaped.
+        owner.fit(model, 0, 2 * overlap.PERIOD // owner.steps_per_epoch, [])
+    # Each in a fit of its own on each link: seconds per step of each epoch
+    # (a period; synchronous training, an execution), the first (nothing in
+    # flight) left out.
+    units = {}
+    for _ in range(plan["repeats"]):
+        for link in links:
+            trainer.use_link(link)
+            for name, (owner, model) in models.items():
+                epochs = plan["sync_epochs_per_block"]
+                if owner is trainer:
+                    epochs = plan["periods_per_block"]
+                schedule = LinkSchedule([link] * epochs, trainer)
+                owner.fit(model, 0, epochs, [schedule])
+                units.setdefault(f"{name}|{link}", []).extend(
+                    seconds / owner.steps_per_epoch
+                    for _, seconds in schedule.epoch_seconds[1:]
+                )
+            progress(f"timed on {link}")
+    trainer.use_link("unshaped")
+    if not trainer.chief:
+        return None
+    meta = trainer.meta(
+        links, plan, sync_steps_per_execution=sync.steps_per_epoch
+    )
+    return {"meta": meta, "runs": runs, "seconds_per_step": units}

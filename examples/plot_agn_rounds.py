@@ -32,6 +32,7 @@ import json
 
 # Line styles of configurations whose names contain these words.
 LINESTYLES = {"DiLoCo": "--", "averaging": "-.", "float16": ":"}
+SIZE, DPI = (7.5, 4.8), 110  # The figure's inches and dots per inch.
 
 
 def curves_from_runs(runs):
@@ -78,7 +79,15 @@ def plot(curves, path, x="all_reduces", target=None, title=None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7.5, 4.8))
+    figure, axes = plt.subplots(figsize=SIZE)
+    draw(axes, curves, x, target, title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=DPI)
+    plt.close(figure)
+
+
+def draw(axes, curves, x="all_reduces", target=None, title=None):
+    """Draws `plot`'s curves on the matplotlib `axes`."""
     for config, curve in curves.items():
         xs = curve[x]
         if x == "all_reduces":  # A log axis has no 0.
@@ -125,9 +134,6 @@ def plot(curves, path, x="all_reduces", target=None, title=None):
     axes.legend(fontsize=7, loc="lower right")
     if title:
         axes.set_title(title, fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
 
 
 def main(argv=None):

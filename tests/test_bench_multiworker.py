@@ -1,4 +1,5 @@
-"""The multi-worker throughput benchmark runs and prints its tables."""
+"""The multi-worker throughput benchmark runs and prints its tables; its
+workers get their settings and time their steps as the tables say."""
 
 import importlib.util
 import os
@@ -10,6 +11,39 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import launching  # noqa: E402
+import multiworker  # noqa: E402
+
+
+def test_a_worker_reads_the_settings_its_driver_gave():
+    arguments = launching.worker_arguments("x.py", kind="tf_keras", period=0)
+    assert arguments[:2] == ["x.py", "--worker"]
+    settings = launching.worker_settings(arguments[2:])
+    assert (settings.kind, settings.period) == ("tf_keras", 0)
+
+
+def test_a_step_synchronises_where_the_local_step_reaches_the_period():
+    # Two epochs of 4 steps from local step 0 at period 2: steps 2 and 4
+    # synchronise (the last step of each epoch has no gap: not timed).
+    epoch = {"begins": [0.0, 0.01, 0.04, 0.05], "start": 0.0, "end": 0.08}
+    runs = [
+        dict(epoch, local_step=0, rounds=0, loss=1.0),
+        dict(epoch, local_step=4, rounds=2, rounds_end=4, loss=0.5),
+    ]
+    result = multiworker.summarize(runs, period=2, execution=1)
+    assert result["steps"] == 8 and result["steps_per_s"] == 8 / 0.16
+    assert result["rounds"] == 4 and result["timed_sync_steps"] == 2
+    assert result["median_sync_ms"] == pytest.approx(30)
+    assert result["median_local_ms"] == pytest.approx(10)
+    assert result["loss"] == 0.5
+
+
+def test_an_evaluate_call_is_timed_from_its_second_execution():
+    call = {"begins": [0.0, 0.5, 0.6, 0.7], "start": 0.0, "end": 0.8, "loss": 1}
+    result = multiworker.summarize([call], 0, execution=10, evaluate=True)
+    assert result["steps"] == 30
+    assert result["steps_per_s"] == pytest.approx(30 / 0.3)
 
 
 @pytest.mark.slow_bench

@@ -257,6 +257,37 @@ def test_measured_break_even_is_where_the_speed_ups_cross_one():
     assert wan_report.crossing([(1e7, 4.0), (1e9, 2.0)]) is None
 
 
+def test_wan_jax_reads_its_runs_with_wan_reports_analysis(capsys):
+    import wan_jax
+
+    def launch(config, accuracies, seconds):
+        period = 1 if config == wan_jax.SYNC else wan_jax.PERIOD
+        records = [
+            {"epoch": e, "steps": 40 * e, "all_reduces": 40 * e // period}
+            | {"accuracy": a}
+            for e, a in enumerate(accuracies, 1)
+        ]
+        run = {"seed": 0, "steps_per_epoch": 40, "seconds": seconds}
+        run["records"] = records
+        return {"meta": {"jax": "j", "keras": "k"}, "runs": [run]}
+
+    data = {"link": "100mbit", "quick": True, "steps": {}, "time": {}}
+    for config, step in ((wan_jax.SYNC, 0.2), (wan_jax.AVERAGE, 0.005)):
+        data["steps"][config] = launch(config, [0.90, 0.95], [])
+        warm, per_block, blocks = wan_jax.QUICK_BLOCKS[config]
+        seconds = [9.0] * warm + [40 * step] * (per_block * blocks)
+        data["time"][config] = launch(config, [], seconds)
+    wan_jax.report(data, None)
+    out = capsys.readouterr().out
+    assert "this run's own 0.9450" in out
+    # Both reach the targets at epoch 2 (80 steps): 16 s against 0.4 s.
+    sync = "| DataParallel | 0.9500 | 2, 80 | 200.0 (200.0-200.0) | 16.0 |"
+    assert sync + " 1.0x | 2, 80; 16.0; 1.0x |" in out
+    average = "| averaging p=64 bfloat16 | 0.9500 | 2, 80 | 5.0 (5.0-5.0) |"
+    assert average + " 0.4 | 40.0x | 2, 80; 0.4; 40.0x |" in out
+    assert "to the target at 100 Mbit/s): 40.0x." in out
+
+
 @pytest.mark.slow_bench
 @needs_namespaces
 def test_bench_wan_quick_prints_the_tables_and_leaves_nothing(
