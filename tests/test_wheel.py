@@ -79,14 +79,13 @@ def test_the_wheel_installs_offline_and_trains_as_the_source(tmp_path):
     assert "Description-Content-Type: text/markdown" in metadata
     assert (ROOT / "README.md").read_text().splitlines()[0] in metadata
 
-    # A venv of the machine's Python, which sees this venv's packages
+    # A venv of the Python under this one, which sees this venv's packages
     # (Keras, TensorFlow) through a .pth file, but not its editable
     # keras_clones: that finder is a .pth file of a site directory.
     venv = tmp_path / "venv"
-    base = pathlib.Path(sys.base_prefix) / "bin" / "python3"
     subprocess.run(
-        [str(base), "-m", "venv", "--system-site-packages", "--without-pip"]
-        + [str(venv)],
+        [sys.executable, "-m", "venv", "--system-site-packages"]
+        + ["--without-pip", str(venv)],
         check=True,
         timeout=60,
     )
