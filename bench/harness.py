@@ -244,6 +244,13 @@ def round_robin(names, run_once, repeats):
     return results
 
 
+def exit_if_any_failed(results):
+    """Exits with status 1 after a report where a variant of `results`
+    (`round_robin`'s) has no run: it failed."""
+    if any(not runs for runs in results.values()):
+        sys.exit(1)
+
+
 def table(columns, rows, align=None):
     """A markdown table: `columns` its header, `rows` lists of cells
     (formatted strings), `align` one letter per column, "l" or "r"

@@ -141,8 +141,7 @@ def measure(args):
 def report(results, args):
     print(multiworker.throughput_table(results, args))
     print(harness.ratio_table(results, RATIOS, "steps_per_s"))
-    if any(not runs for runs in results.values()):
-        sys.exit(1)
+    harness.exit_if_any_failed(results)
 
 
 BENCHMARK = harness.Benchmark(

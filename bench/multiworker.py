@@ -405,8 +405,7 @@ def report(results, args):
     print(harness.ratio_table(results, ratios, "steps_per_s"))
     if not args.evaluate:
         print(agn_table(results))
-    if any(not runs for runs in results.values()):
-        sys.exit(1)
+    harness.exit_if_any_failed(results)
 
 
 BENCHMARK = harness.Benchmark(

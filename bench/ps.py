@@ -443,8 +443,7 @@ def report(results, args):
     print(harness.ratio_table(results, ratios(args), "examples_per_s"))
     if args.profile:
         print(profile_table(results))
-    if any(not runs for runs in results.values()):
-        sys.exit(1)
+    harness.exit_if_any_failed(results)
 
 
 BENCHMARK = harness.Benchmark(
