@@ -135,20 +135,10 @@ def throughput_table(runs, args):
         loss = result[-1]["loss"]
         rows.append([name, f"{best:,.0f}", f"{median:,.0f}"])
         rows[-1] += [f"{1000 / best:.3f}", f"{loss:.4f}"]
-    ratio_rows = []
-    best_bare, median_bare = harness.summary(
-        [r["steps_per_s"] for r in runs[BARE]]
-    )
-    for name in [agn_name(p) for p in PERIODS] + [WEIGHT_CHANGE]:
-        best, median = harness.summary([r["steps_per_s"] for r in runs[name]])
-        ratios = (best / best_bare, median / median_bare)
-        goal, met_text = "-", "-"
-        if name == agn_name(GOAL_PERIOD):
-            goal, met_text = f">= {GOAL}", harness.met(ratios, GOAL)
-        ratio_rows.append(
-            [f"{name} / {BARE}", f"{ratios[0]:.2f}", f"{ratios[1]:.2f}", goal]
-            + [met_text]
-        )
+    ratio_rows = [
+        (name, BARE, GOAL if name == agn_name(GOAL_PERIOD) else None)
+        for name in [agn_name(p) for p in PERIODS] + [WEIGHT_CHANGE]
+    ]
     return (
         f"Inner optimizer {args.optimizer}, batch {BATCH_SIZE}, "
         f"{args.steps} steps per round, {args.rounds} rounds.\n\n"
@@ -158,11 +148,7 @@ def throughput_table(runs, args):
             rows,
         )
         + "\n"
-        + harness.table(
-            ["ratio", "best-of", "median", "goal", "met (best / median)"],
-            ratio_rows,
-            align="lrrrl",
-        )
+        + harness.best_median_table(runs, ratio_rows, "steps_per_s")
     )
 
 

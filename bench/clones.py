@@ -255,20 +255,6 @@ def speeds(runs, name):
     return harness.summary([r["samples_per_s"] for r in runs[name]])
 
 
-def ratio_row(runs, numerator, denominator, goal):
-    """Best-of and median throughput ratio against `goal`: a table row."""
-    row = [f"{numerator} / {denominator}"]
-    goal_text = "-" if goal is None else f">= {goal}"
-    if denominator not in runs:
-        return row + ["n/a", "n/a", goal_text, "not run"]
-    ratios = [
-        a / b
-        for a, b in zip(speeds(runs, numerator), speeds(runs, denominator))
-    ]
-    met = "-" if goal is None else harness.met(ratios, goal)
-    return row + [f"{r:.2f}" for r in ratios] + [goal_text, met]
-
-
 def report(results, args):
     for workload in WORKLOADS:
         runs = results[workload.name]
@@ -288,11 +274,7 @@ def report(results, args):
                 rows,
             )
             + "\n"
-            + harness.table(
-                ["ratio", "best-of", "median", "goal", "met (best / median)"],
-                [ratio_row(runs, *goal) for goal in goals],
-                align="lrrrl",
-            )
+            + harness.best_median_table(runs, goals, "samples_per_s")
         )
 
 

@@ -199,12 +199,17 @@ def records(args, measure, filename):
     if args.from_json:
         with open(args.from_json) as f:
             return json.load(f)
-    print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPU cores.")
+    print(machine())
     data = measure(args)
     if data is None:
         return None
     print(f"Wrote {save(args, data, filename)}.")
     return data
+
+
+def machine():
+    """The line that opens a run's output: this Python and its cores."""
+    return f"Python {sys.version.split()[0]}, {os.cpu_count()} CPU cores."
 
 
 def save(args, data, filename):
@@ -320,6 +325,36 @@ def ratios_of(top, bottom, key):
     best_top, median_top = summary([r[key] for r in top])
     best_bottom, median_bottom = summary([r[key] for r in bottom])
     return best_top / best_bottom, median_top / median_bottom, paired
+
+
+def best_median_table(results, rows, key):
+    """A markdown table of the ratios of two variants' best-of and median
+    `key` (their runs in `results`, by name), without the per-repeat
+    column of `ratio_table`.
+
+    Args:
+        results: Per variant name, its runs: dicts with `key`.
+        rows: The table's rows, as (numerator, denominator, goal or None);
+            a row whose variant is not in `results` says "not run".
+        key: The throughput in a run's dict.
+    """
+    lines = []
+    for numerator, denominator, goal in rows:
+        label = f"{numerator} / {denominator}"
+        goal_text = "-" if goal is None else f">= {goal}"
+        if numerator not in results or denominator not in results:
+            lines.append([label, "n/a", "n/a", goal_text, "not run"])
+            continue
+        top, bottom = (
+            summary([r[key] for r in results[name]])
+            for name in (numerator, denominator)
+        )
+        ratios = [a / b for a, b in zip(top, bottom)]
+        met_text = "-" if goal is None else met(ratios, goal)
+        lines.append([label, *(f"{r:.2f}" for r in ratios), goal_text])
+        lines[-1].append(met_text)
+    columns = ["ratio", "best-of", "median", "goal", "met (best / median)"]
+    return table(columns, lines, align="lrrrl")
 
 
 def ratio_table(results, rows, key, notes=None):

@@ -174,7 +174,7 @@ def round_robin(names, launch, repeats, key, unit, kind=str, note=None):
     (`launch(name, repeat)`: `chief_result`'s result), saying each run's
     `key` in `unit` as it comes, then the `"versions"` of each `kind(name)`
     of worker in the results, and the wall time; `note` is said first."""
-    print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPU cores.")
+    print(harness.machine())
     print(f"{note}\n" if note else "")
     start = time.perf_counter()
 
