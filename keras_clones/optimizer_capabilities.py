@@ -79,7 +79,7 @@ def check_execution_spans_period(optimizer, steps_per_execution):
         )
     optimizer = unwrapped(optimizer)
     period, fragments = optimizer.communication_period, optimizer.fragments
-    if steps_per_execution != optimizer.schedule.share:
+    if steps_per_execution != optimizer.core_config.share:
         raise ValueError(
             "With `AGNOptimizer(overlap=True)` across workers, each "
             "execution of the train function must span one communication "
@@ -87,7 +87,7 @@ def check_execution_spans_period(optimizer, steps_per_execution):
             "its steps. Received: "
             f"steps_per_execution={steps_per_execution} with "
             f"communication_period={period} and fragments={fragments}. "
-            f"Compile with `steps_per_execution={optimizer.schedule.share}`."
+            f"Compile with `steps_per_execution={optimizer.core_config.share}`."
         )
 
 

@@ -8,51 +8,86 @@ import pytest
 import tensorflow as tf
 
 from keras_clones import AGNOptimizer
-from keras_clones.agn.schedule import Schedule
+from keras_clones.agn.core import Config
 from keras_clones.conditional import run_if
 from keras_clones.step_hooks import Verdict
 from keras_clones.step_hooks import finiteness
 
 
-def ends(schedule, steps):
+def ends(config, steps):
     """For each step, the fragments whose period ends there."""
     return [
-        [f for f, e in schedule.ending(tf.constant(s, tf.int64)) if bool(e)]
+        [f for f, e in config.ending(tf.constant(s, tf.int64)) if bool(e)]
         for s in steps
     ]
 
 
 def test_one_fragment_ends_its_period_every_period():
-    assert ends(Schedule(4), range(1, 9)) == [[], [], [], [0]] * 2
+    assert ends(Config(4), range(1, 9)) == [[], [], [], [0]] * 2
 
 
 def test_fragment_f_ends_at_its_share_of_each_period():
     # Period 8, 4 fragments: fragment f at step (f + 1) * 2 of each period.
-    got = ends(Schedule(8, 4), range(1, 17))
+    got = ends(Config(8, fragments=4), range(1, 17))
     assert got == [[], [0], [], [1], [], [2], [], [3]] * 2
 
 
 @pytest.mark.parametrize(
-    "schedule, synchronised",
+    "config, synchronised",
     [
-        (Schedule(4), [0, 4, 8]),
-        (Schedule(4, fragments=2), [0]),
-        (Schedule(4, delay=1), [0]),
+        (Config(4), [0, 4, 8]),
+        (Config(4, fragments=2), [0]),
+        (Config(4, overlap=True, mixing=0.5), [0]),
     ],
 )
 def test_local_weights_are_the_centers_only_where_every_period_ends_at_once(
-    schedule, synchronised
+    config, synchronised
 ):
-    assert [s for s in range(10) if schedule.synchronised_at(s)] == (
-        synchronised
-    )
+    assert [s for s in range(10) if config.synchronised_at(s)] == (synchronised)
 
 
-def test_the_optimizer_asks_its_schedule():
+@pytest.mark.parametrize(
+    "first, last, once",
+    [(0, 4, True), (4, 8, True), (3, 5, False), (4, 6, True), (0, 9, False)],
+)
+def test_an_execution_may_cross_at_most_one_period_end_at_its_last_step(
+    first, last, once
+):
+    # Period 8 over 2 fragments: a fragment's period ends every 4 steps.
+    config = Config(8, fragments=2, overlap=True, mixing=0.5)
+    step = lambda s: tf.constant(s, tf.int64)  # noqa: E731
+    assert bool(config.ends_at_most_once(step(first), step(last))) is once
+
+
+def test_the_optimizer_holds_its_options_once_in_one_record():
     optimizer = AGNOptimizer(
         keras.optimizers.SGD(0.1), 8, fragments=2, overlap=True
     )
-    assert optimizer.schedule == Schedule(8, 2, 1)
+    assert optimizer.core_config == Config(
+        8, "gradients", True, None, 2, True, 0.5
+    )
+    assert optimizer.schedule is optimizer.commit_rule
+    assert optimizer.schedule is optimizer.core_config
+    assert (optimizer.communication_period, optimizer.mixing) == (8, 0.5)
+    with pytest.raises(AttributeError):
+        optimizer.communication_period = 4
+
+
+@pytest.mark.parametrize(
+    "period, commit, local, accumulates",
+    [
+        (1, "gradients", False, False),
+        (2, "gradients", True, True),
+        (2, "weight_change", True, False),
+    ],
+)
+def test_local_steps_and_accumulation_follow_from_the_period_and_rule(
+    period, commit, local, accumulates
+):
+    config = Config(period, commit)
+    assert (config.local, config.accumulates) == (local, accumulates)
+    assert config.skips_alone(steps_apart=True) is local
+    assert not config.skips_alone(steps_apart=False)
 
 
 @pytest.mark.parametrize("pred, expected", [(True, 1.0), (False, -1.0)])

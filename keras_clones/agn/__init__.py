@@ -1,6 +1,6 @@
 """Accumulated Gradient Normalization: `AGNOptimizer` (the Keras face),
-over its period engine (`engine`), fragments (`fragment`), schedule
-(`schedule`) and pure commit rule (`rule`)."""
+over its period engine (`engine`), fragments (`fragment`) and its math
+(`core`: the configuration and the commit rule)."""
 
 from keras_clones.agn.optimizer import AGNOptimizer
 

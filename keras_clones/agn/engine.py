@@ -3,12 +3,12 @@ the end of a fragment's period.
 
 Each local step the inner optimizer updates the model's (local) variables,
 unless the step's verdict says it was not finite; its gradients are
-accumulated; the step counts either way. Where the `Schedule` says a
+accumulated; the step counts either way. Where the `core.Config` says a
 fragment's period ends, `end_period(fragment, delay)` ends it:
 
-- delay 0: each worker's commit of the period (`CommitRule`) is reduced
-  across the workers (an all-reduce in `communication_dtype`), the outer
-  optimizer moves the fragment's centers by it, the fragment's local
+- delay 0: each worker's commit of the period (`Config.period_commit`) is
+  reduced across the workers (an all-reduce in `communication_dtype`), the
+  outer optimizer moves the fragment's centers by it, the fragment's local
   weights take the centers, and its accumulators restart;
 - delay 1 (`overlap=True`, Streaming DiLoCo's overlap): the commit of the
   previous period, reduced, moves the centers; this period's commit is
@@ -47,24 +47,13 @@ from keras_clones.agn.fragment import SENT
 from keras_clones.step_hooks import Step
 
 
-def skips_alone(schedule, replicas):
-    """Whether a worker skips a non-finite local step alone, counted at the
-    next commit: where workers take their steps apart
-    (`replicas.steps_apart`), with a period longer than 1 (with a period
-    of 1 the step is the commit, and the workers skip it together)."""
-    return schedule.period > 1 and replicas.steps_apart
-
-
 class PeriodEngine:
     """AGN's step and periods over an `AGNState`.
 
     Args:
-        rule: The `CommitRule`.
-        schedule: The `Schedule`.
+        config: The `core.Config`.
         inner_optimizer: The Keras optimizer of the local steps.
         state: The `AGNState`.
-        mixing: With delay 1, the local weights' share when a commit
-            arrives.
         iterations: The optimizer's `iterations` (the optimizer step a
             skipped local step is reported as).
         count_iterations: Counts `n` steps in the optimizer's
@@ -74,20 +63,16 @@ class PeriodEngine:
 
     def __init__(
         self,
-        rule,
-        schedule,
+        config,
         inner_optimizer,
         state,
-        mixing,
         iterations,
         count_iterations,
         replicas,
     ):
-        self.rule = rule
-        self.schedule = schedule
+        self.config = config
         self.inner_optimizer = inner_optimizer
         self.state = state
-        self.mixing = mixing
         self.replicas = replicas
         self._iterations = iterations
         self._count_iterations = count_iterations
@@ -95,10 +80,10 @@ class PeriodEngine:
         self._execution_ends_periods = False
 
     @property
-    def accumulates(self):
-        """Whether gradients are accumulated (the gradients rule, over
-        periods longer than 1)."""
-        return self.rule.commit == "gradients" and self.rule.period > 1
+    def skips_alone(self):
+        """Whether a worker skips a non-finite local step alone (see
+        `core.Config.skips_alone`)."""
+        return self.config.skips_alone(self.replicas.steps_apart)
 
     # A local step.
 
@@ -121,7 +106,7 @@ class PeriodEngine:
                 lambda: self._local_update(grads, variables),
                 writes=self._local_writes(variables),
             )
-            if skips_alone(self.schedule, replicas):
+            if self.skips_alone:
                 self._count_skip(applied)
         pairs = gradients.with_gradients(grads, variables, warn=False)
         pairs = [(g, v) for g, v in pairs if not gradients.overwrites(v)]
@@ -179,7 +164,7 @@ class PeriodEngine:
                 )
         else:
             self.inner_optimizer.apply(grads, variables)
-        if self.accumulates:
+        if self.config.accumulates:
             for variable, grad in zip(variables, grads):
                 self.state.of(variable).accumulator.assign_add(
                     gradients.dense(grad)
@@ -200,8 +185,8 @@ class PeriodEngine:
 
     def _count_step(self, pairs, hooks, applied):
         self.state.local_step.assign_add(1)
-        schedule = self.schedule
-        if schedule.period == 1:
+        config = self.config
+        if not config.local:
             # The step is the commit: it commits only if it applied (the
             # same on every worker).
             fragment = self.state.fragments[0]
@@ -215,12 +200,12 @@ class PeriodEngine:
                     writes=self._end_writes(fragment, hooks),
                 )
             return
-        if schedule.delay:
+        if config.delay:
             self._remember(hooks)
             if self._execution_ends_periods:
                 return  # `commits_around_execution` ends the period.
         step = gradients.read(self.state.local_step)
-        for index, ends in schedule.ending(step):
+        for index, ends in config.ending(step):
             fragment = self.state.fragments[index]
             self.replicas.run_if(
                 ends,
@@ -234,7 +219,7 @@ class PeriodEngine:
         steps skipped alone."""
         hooks_state = hooks.state_variables if hooks is not None else []
         skips = []
-        if skips_alone(self.schedule, self.replicas):
+        if self.skips_alone:
             skips = [self.state.skipped, self.state.first_skipped]
         return [
             self.state.rounds,
@@ -246,7 +231,7 @@ class PeriodEngine:
     def _period_end(self, fragment, pairs, hooks):
         """What ends `fragment`'s period in a step whose gradients are
         `pairs`."""
-        if self.schedule.delay:
+        if self.config.delay:
             return lambda: self._end_period_in_step(fragment)
         if not fragment.whole:
             return lambda: self.end_period(fragment, 0, hooks)
@@ -254,7 +239,7 @@ class PeriodEngine:
         # of 1 and the gradients rule, their gradients are the commit.
         fragment = fragment.over([v for _, v in pairs])
         grads = None
-        if self.schedule.period == 1 and self.rule.commit == "gradients":
+        if not self.config.local and self.config.commit == "gradients":
             grads = [g for g, _ in pairs]
         return lambda: self.end_period(fragment, 0, hooks, grads=grads)
 
@@ -294,21 +279,21 @@ class PeriodEngine:
         reduced = self._all_reduce(grads)
         self._report_skips(hooks)
         self._move_centers(fragment, reduced, hooks)
-        if self.accumulates:
+        if self.config.accumulates:
             fragment.restart_accumulators()
 
     def _period_commit(self, fragment, start):
         """This replica's commit of the fragment's period, by the rule:
         from its accumulators, or from its weights at the period's start
         (field `start`) and its local weights."""
-        rule = self.rule
-        if rule.commit == "gradients":
+        config = self.config
+        if config.commit == "gradients":
             return [
-                rule.period_commit(s, None, None)
+                config.period_commit(s, None, None)
                 for s in fragment.gather("accumulator")
             ]
         return [
-            rule.period_commit(None, s, e)
+            config.period_commit(None, s, e)
             for s, e in zip(fragment.gather(start), fragment.gather("variable"))
         ]
 
@@ -316,12 +301,13 @@ class PeriodEngine:
         """Every replica's commits, reduced by the rule (a sum of gradients
         Keras has divided by the replicas, a mean of weight changes), in
         `communication_dtype`."""
-        rule = self.rule
+        config = self.config
         replicas = self.replicas
         reduced = replicas.all_reduce(
-            rule.reduce_op(replicas.gradients_divided), rule.to_send(values)
+            config.reduce_op(replicas.gradients_divided),
+            config.to_send(values),
         )
-        return rule.received(reduced, [v.dtype for v in values])
+        return config.received(reduced, [v.dtype for v in values])
 
     def _move_centers(self, fragment, reduced, hooks):
         """In a replica (or outside any strategy): `reduced` moves the
@@ -331,7 +317,7 @@ class PeriodEngine:
         if hooks is not None:
             applied = hooks.judge_update(reduced, fragment.checked_variables())
         move = lambda: fragment.move_centers(  # noqa: E731
-            self.rule, reduced, self.replicas
+            reduced, self.replicas
         )
         if applied is None:
             move()
@@ -353,12 +339,12 @@ class PeriodEngine:
         def end():
             self.end_period(fragment, 0, hooks, commit=commit)
 
-        if applied is None or self.schedule.period > 1:
+        if applied is None or self.config.local:
             end()
         else:
             self.replicas.run_if(applied, end)
-        self.state.local_step.assign_add(self.schedule.period)
-        self._count_iterations(self.schedule.period)
+        self.state.local_step.assign_add(self.config.period)
+        self._count_iterations(self.config.period)
 
     # Skips counted alone.
 
@@ -366,11 +352,7 @@ class PeriodEngine:
         """In a replica, at a commit: the local steps every worker skipped
         alone since the last one, reported to the guard of `hooks` (from
         one all-gather)."""
-        if (
-            hooks is None
-            or hooks.guard is None
-            or not skips_alone(self.schedule, self.replicas)
-        ):
+        if hooks is None or hooks.guard is None or not self.skips_alone:
             return
         state = self.state
         read_own = self.replicas.read_own
@@ -412,7 +394,7 @@ class PeriodEngine:
             ),
         )
         replicas.for_each_replica(self._send, fragment, hooks)
-        if self.rule.commit == "weight_change":
+        if self.config.commit == "weight_change":
             local = replicas.for_each_replica(
                 lambda: fragment.gather("variable")
             )
@@ -445,14 +427,14 @@ class PeriodEngine:
         fragment.assign_here(
             "in_flight", self._period_commit(fragment, "period_start")
         )
-        if self.accumulates:
+        if self.config.accumulates:
             fragment.restart_accumulators()
 
     def _mix(self, fragment):
         """The fragment's local weights become `mixing * local + (1 -
         mixing) * center` (then constrained); its period's start moves
         with them, so that its commit is only what its local steps did."""
-        mixing = self.mixing
+        mixing = self.config.mixing
         replicas = self.replicas
 
         def mix_on_replica():
@@ -466,7 +448,7 @@ class PeriodEngine:
         before, mixed = replicas.for_each_replica(mix_on_replica)
         fragment.assign(replicas, "variable", mixed)
         self._constrain(fragment)
-        if self.rule.commit == "weight_change":
+        if self.config.commit == "weight_change":
 
             def moved_start(before):
                 starts = fragment.gather("period_start")
@@ -503,7 +485,7 @@ class PeriodEngine:
             self._execution_ends_periods = False
         last_step = gradients.read(self.state.local_step)
         replicas.check(
-            self.schedule.ends_at_most_once(first_step, last_step),
+            self.config.ends_at_most_once(first_step, last_step),
             (
                 "With `overlap=True` every execution of the train function "
                 "must end at or before the next period's end, but one "
@@ -514,7 +496,7 @@ class PeriodEngine:
         )
         moved = last_step > first_step
         hooks = self._hooks
-        for index, ends in self.schedule.ending(last_step):
+        for index, ends in self.config.ending(last_step):
             fragment = self.state.fragments[index]
             replicas.run_if(
                 keras.ops.logical_and(moved, ends),
@@ -557,11 +539,11 @@ class PeriodEngine:
     def start_from_model(self, variables, period_ends=False):
         """Eagerly, before the first step (with `period_ends`, wherever the
         local weights are the centers by design:
-        `Schedule.synchronised_at`): every center that differs from its
+        `core.Config.synchronised_at`): every center that differs from its
         variable in `variables` takes its value, its accumulator restarts
         and its period's start follows. Returns the states copied."""
         step = int(keras.ops.convert_to_numpy(self.state.local_step))
-        if step and not (period_ends and self.schedule.synchronised_at(step)):
+        if step and not (period_ends and self.config.synchronised_at(step)):
             return []
         ids = {id(v) for v in variables}
         copied = []

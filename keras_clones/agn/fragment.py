@@ -19,7 +19,9 @@ weight decay or norm clipping, which look at whole variables).
 import keras
 import numpy as np
 
+from keras_clones import _keras_internals as internals
 from keras_clones import gradients
+from keras_clones.agn.delayed_nesterov import DelayedNesterov
 
 NOTHING, SENT, RECEIVED = 0, 1, 2  # A fragment's in-flight phases.
 
@@ -200,12 +202,12 @@ class Fragment:
             return centers
         return [centers[self.part.touched()[0]]]
 
-    def move_centers(self, rule, reduced, replicas):
+    def move_centers(self, reduced, replicas):
         """In a replica of `replicas`: the workers' `reduced` commit moves
         the fragment's centers, through its outer optimizer."""
         centers = self.field("center")
         if self.whole:
-            rule.move_centers(self.outer, reduced, centers)
+            move_whole_centers(self.outer, reduced, centers)
             return
         state = [s.value for s in self.outer_state]
         start = self.gather("center")
@@ -223,3 +225,14 @@ class Fragment:
                 replicas.assign(center, center.constraint(center.value))
         for variable, value in zip(self.outer_state, state):
             replicas.assign(variable, value)
+
+
+def move_whole_centers(outer_optimizer, reduced, centers):
+    """The reduced commits move the centers: the outer optimizer (a Keras
+    optimizer) applies them as gradients (as they are: no further
+    all-reduce), or a `DelayedNesterov` rule over it applies them."""
+    if isinstance(outer_optimizer, DelayedNesterov):
+        outer_optimizer.apply(reduced, centers)
+        return
+    with internals.without_gradient_all_reduce(outer_optimizer):
+        outer_optimizer.apply(reduced, centers)

@@ -16,14 +16,13 @@ from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import needs_tensorflow
 from keras_clones._tensorflow import tf
 from keras_clones.agn import arguments
+from keras_clones.agn import core
 from keras_clones.agn import engine
 from keras_clones.agn import replicas
 from keras_clones.agn import worker_state
 from keras_clones.agn.delayed_nesterov import DelayedNesterov
 from keras_clones.agn.delayed_nesterov import check_setting
 from keras_clones.agn.delayed_nesterov import loadable
-from keras_clones.agn.rule import CommitRule
-from keras_clones.agn.schedule import Schedule
 from keras_clones.agn.state import COUNTER_DTYPE
 from keras_clones.agn.state import StateBuilder
 from keras_clones.step_hooks import Step
@@ -206,21 +205,17 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self._global_devices = global_devices
         self.inner_optimizer = optimizer
         self.outer_optimizer = outer_optimizer
-        self.communication_period = communication_period
         self.global_device = global_device
-        self.commit = commit
-        self.normalize = normalize
-        self.communication_dtype = communication_dtype
-        self.overlap = overlap
-        self._mixing = mixing
-        self.mixing = mixing_used
-        self.fragments = int(fragments)
+        self._mixing = mixing  # As given, for `get_config`.
         self.delayed_nesterov = delayed_nesterov
-        self._commit_rule = CommitRule(
-            commit, normalize, communication_period, communication_dtype
-        )
-        self._schedule = Schedule(
-            communication_period, self.fragments, 1 if overlap else 0
+        self._core_config = core.Config(
+            communication_period,
+            commit,
+            normalize,
+            communication_dtype,
+            int(fragments),
+            overlap,
+            mixing_used,
         )
         self._step_hooks = StepHooks()
         self._replicas = replicas.for_this_backend(self._state_and_model)
@@ -237,15 +232,24 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         return self._step_hooks
 
     @property
-    def schedule(self):
-        """When the periods end (`keras_clones.agn.schedule.Schedule`)."""
-        return self._schedule
+    def core_config(self):
+        """Its options as one record (`keras_clones.agn.core.Config`), which
+        says when periods end and what they commit."""
+        return self._core_config
 
-    @property
-    def commit_rule(self):
-        """This optimizer's rule on tensors (`agn.rule.CommitRule`): what a
-        period commits, how commits travel and move the centers."""
-        return self._commit_rule
+    # Its names before `core_config`: when periods end, what they commit.
+    schedule = commit_rule = core_config
+
+    # The options, read-only: held once, in `core_config`.
+    communication_period = property(lambda self: self._core_config.period)
+    commit = property(lambda self: self._core_config.commit)
+    normalize = property(lambda self: self._core_config.normalize)
+    communication_dtype = property(
+        lambda self: self._core_config.communication_dtype
+    )
+    overlap = property(lambda self: self._core_config.overlap)
+    mixing = property(lambda self: self._core_config.mixing)
+    fragments = property(lambda self: self._core_config.fragments)
 
     @property
     def delayed_nesterov_rule(self):
@@ -279,11 +283,9 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     def _build(self, var_list):
         self._state = StateBuilder(self, self._global_devices).build(var_list)
         self._engine = engine.PeriodEngine(
-            self._commit_rule,
-            self._schedule,
+            self._core_config,
             self.inner_optimizer,
             self._state,
-            self.mixing,
             self.iterations,
             lambda steps: internals.increment_iterations(self, steps),
             self._replicas,
@@ -687,7 +689,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         local step alone, counted at the next commit: across workers, with
         a period longer than 1. With a period of 1 every step commits, and
         the workers skip a step together, as in synchronous training."""
-        return engine.skips_alone(self._schedule, self._replicas)
+        return self._core_config.skips_alone(self._replicas.steps_apart)
 
     def apply_commit(self, commit, var_list, step_hooks=None, applied=None):
         """Applies one period's `commit` (a gradient per variable, by this

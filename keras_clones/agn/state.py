@@ -73,9 +73,7 @@ class StateBuilder:
         self.add_variable = optimizer.add_variable
         self.add_variable_from_reference = optimizer.add_variable_from_reference
         self.name = optimizer.name
-        self.commit = optimizer.commit
-        self.overlap = optimizer.overlap
-        self.fragments = optimizer.fragments
+        self.config = optimizer.core_config
         self.outer_optimizer = optimizer.outer_optimizer
         self._global_devices = global_devices
 
@@ -96,7 +94,7 @@ class StateBuilder:
                 centers.append(self._add_center(variable, i))
                 accumulators.append(
                     self._add_own(variable, "grad_accumulator")
-                    if self.commit == "gradients"
+                    if self.config.commit == "gradients"
                     else None
                 )
         parts, outers, outer_states = self._cut(centered, centers)
@@ -187,7 +185,7 @@ class StateBuilder:
         whole variables with the outer optimizer itself (or the delayed
         Nesterov rule over it), or `fragments` flat slices, each with the
         outer optimizer on tensors."""
-        if self.fragments == 1:
+        if self.config.fragments == 1:
             return (
                 [fragment.WholeVariables(len(centered))],
                 [self._whole_outer(centers)],
@@ -200,10 +198,10 @@ class StateBuilder:
                 f"dtype, but they have the dtypes "
                 f"{sorted(dtypes)}. Use `fragments=1`."
             )
-        parts = fragment.cut(centered, self.fragments)
+        parts = fragment.cut(centered, self.config.fragments)
         if min(p.size for p in parts) == 0:
             raise ValueError(
-                f"`fragments={self.fragments}` is more than the model's "
+                f"`fragments={self.config.fragments}` is more than the model's "
                 f"{sum(p.size for p in parts)} weights. Use fewer fragments."
             )
         outers, outer_states = [], []
@@ -215,8 +213,8 @@ class StateBuilder:
             outer = TensorOptimizer(
                 self.outer_optimizer,
                 [flat],
-                f"With `fragments={self.fragments}` an AGNOptimizer runs its "
-                "outer optimizer on each fragment",
+                f"With `fragments={self.config.fragments}` an AGNOptimizer "
+                "runs its outer optimizer on each fragment",
             )
             outers.append(outer)
             outer_states.append(
@@ -254,12 +252,13 @@ class StateBuilder:
         of the commit in flight and, for `commit="weight_change"`, its
         period's start; else None for each."""
         nothing = [None] * len(centered)
-        if not self.overlap:
-            return [None] * self.fragments, nothing, nothing
+        if not self.config.overlap:
+            return [None] * self.config.fragments, nothing, nothing
         names = ["in_flight_phase"]
-        if self.fragments > 1:
+        if self.config.fragments > 1:
             names = [
-                f"fragment_{f}_in_flight_phase" for f in range(self.fragments)
+                f"fragment_{f}_in_flight_phase"
+                for f in range(self.config.fragments)
             ]
         phases = [
             self.add_variable(shape=(), dtype=COUNTER_DTYPE, name=name)
@@ -267,7 +266,7 @@ class StateBuilder:
         ]
         in_flight = [self._add_own(v, "in_flight") for v in centered]
         starts = nothing
-        if self.commit == "weight_change":
+        if self.config.commit == "weight_change":
             starts = [self._add_period_start(v) for v in centered]
         return phases, in_flight, starts
 

@@ -205,7 +205,7 @@ class ProcessAgreement(keras.callbacks.Callback):
             self._take_the_chiefs(
                 [*model.variables, *model.optimizer.variables]
             )
-        elif agn.schedule.synchronised_at(step):
+        elif agn.core_config.synchronised_at(step):
             # Where the local weights are the centers by design (weights
             # set since, or `PostInitCopy`): process 0's, and its centers;
             # each process's own state (inner slots) stays its own.

@@ -58,7 +58,7 @@ class AGNPeriods:
     def __init__(self, model, optimizer, steps=1):
         self.model = model
         self.optimizer = optimizer
-        self._period = optimizer.schedule.period
+        self._period = optimizer.core_config.period
         if steps != 1 and steps % self._period:
             raise ValueError(
                 "`steps` must be 1 or a multiple of the communication "
@@ -124,7 +124,7 @@ class AGNPeriods:
         travels) is applied, as the coordinator applies it: not where the
         guard will skip it (a commit not finite; with a period of 1, a
         skipped step)."""
-        received = self.optimizer.commit_rule.received(
+        received = self.optimizer.core_config.received(
             commit, [v.dtype for v in self._variables]
         )
         iteration = self._outer.iteration(outer_state)
@@ -138,7 +138,7 @@ class AGNPeriods:
         if last_step.finite is None:  # No guard.
             return moved
         finite = finiteness(None, received)
-        if self.optimizer.communication_period == 1:
+        if not self.optimizer.core_config.local:
             finite = tf.concat([last_step.finite, finite], 0)
         return kept_unless_skipped(finite, moved, (centers, outer_state))
 
@@ -200,11 +200,11 @@ class AGNPeriods:
     def _commit(self, gradient_sums, start, copy):
         """The commit of the optimizer's rule, as it travels, of a period
         that started from the centers `start`."""
-        rule = self.optimizer.commit_rule
+        config = self.optimizer.core_config
         sums = gradient_sums or [None] * len(start)
-        return rule.to_send(
+        return config.to_send(
             [
-                rule.period_commit(s, c, w)
+                config.period_commit(s, c, w)
                 for s, c, w in zip(sums, start, copy.weights)
             ]
         )
@@ -227,7 +227,7 @@ class AGNPeriods:
 
     def _apply_period(self, steps, commit):
         model = self.model
-        commit = self.optimizer.commit_rule.received(
+        commit = self.optimizer.core_config.received(
             commit, [v.dtype for v in self._variables]
         )
         logs = {}

@@ -1,0 +1,160 @@
+"""AGN's math, once: its configuration (`Config`) and what a period
+commits.
+
+`Config` is an `AGNOptimizer`'s options as one frozen record, from which
+every answer about its periods is derived: whose period ends at a local
+step (`ending`), whether the weights are the centers by design
+(`synchronised_at`), how commits reduce (`reduce_op`), and whether steps
+are local at all (`local`, the one spelling of "a period longer than 1").
+`period_commit`, `to_send` and `received` are the rule on values: what a
+period commits for a variable, and in which dtype it travels.
+
+Nothing here assigns a variable or names a backend: the functions take
+and return values (NumPy arrays, `tf.Tensor`s or `jax.Array`s), so that
+one process, workers across machines and parameter servers share them.
+"""
+
+import typing
+
+import keras
+
+from keras_clones import gradients
+
+
+class Config(typing.NamedTuple):
+    """An `AGNOptimizer`'s configuration (its arguments, checked).
+
+    Attributes:
+        period: The communication period, in local steps.
+        commit: `"gradients"` or `"weight_change"`.
+        normalize: Whether a commit is divided by the period.
+        communication_dtype: The dtype commits travel in, or None (the
+            variables').
+        fragments: The fragments whose periods end in turn.
+        overlap: Whether a period's commit is applied one period late.
+        mixing: With `overlap`, the local weights' share when a commit
+            arrives; else None.
+    """
+
+    period: int
+    commit: str = "gradients"
+    normalize: bool = True
+    communication_dtype: object = None
+    fragments: int = 1
+    overlap: bool = False
+    mixing: float = None
+
+    @property
+    def local(self):
+        """Whether workers take local steps between commits (a period
+        longer than 1); with a period of 1 the step is the commit."""
+        return self.period > 1
+
+    @property
+    def accumulates(self):
+        """Whether gradients are summed over the period (the gradients
+        rule, with local steps)."""
+        return self.commit == "gradients" and self.local
+
+    @property
+    def delay(self):
+        """Periods between a commit and its move of the centers: 1 with
+        `overlap`, else 0."""
+        return 1 if self.overlap else 0
+
+    @property
+    def share(self):
+        """Local steps between two fragments' period ends."""
+        return self.period // self.fragments
+
+    def ending(self, step):
+        """The one answer to "does local step `step` end a period, and
+        whose?": fragment f's period ends at local step
+        `(f + 1) * period / fragments` of each period.
+
+        Args:
+            step: A local step (an integer, counted from 1).
+
+        Returns:
+            A list of `(fragment, ends)`: each fragment's index, with a
+            boolean, whether its period ends at `step`.
+        """
+        if self.fragments == 1:
+            return [(0, step % self.period == 0)]
+        share = self.share
+        position = step % self.period
+        at_a_share = position % share == 0
+        fragment = (position // share - 1) % self.fragments
+        return [
+            (f, at_a_share & (fragment == f)) for f in range(self.fragments)
+        ]
+
+    def ends_at_most_once(self, first, last):
+        """Whether local steps after `first` up to `last` cross no period's
+        end but, at most, one at `last` itself: what an execution of the
+        train function may do with overlapped commits."""
+        share = self.share
+        crossed = last // share - first // share
+        return (crossed == 0) | ((crossed == 1) & (last % share == 0))
+
+    def synchronised_at(self, step):
+        """Whether after `step` local steps (an int) the local weights are
+        the centers by design: before the first step, and where every
+        fragment's period ends at once with nothing in flight (one
+        fragment, no delay, at a period's end)."""
+        if step == 0:
+            return True
+        return (
+            self.fragments == 1 and not self.delay and step % self.period == 0
+        )
+
+    def skips_alone(self, steps_apart):
+        """Whether a worker skips a non-finite local step alone, counted at
+        the next commit: where workers take their steps apart
+        (`steps_apart`) between commits (with a period of 1 the step is
+        the commit, and the workers skip it together)."""
+        return self.local and steps_apart
+
+    def reduce_op(self, gradients_divided):
+        """How the workers' commits combine, `"sum"` or `"mean"`: the mean
+        commit, which for gradients Keras divided by the workers
+        (`gradients_divided`, under `tf.distribute`) is their sum."""
+        if self.commit == "gradients" and gradients_divided:
+            return "sum"
+        return "mean"
+
+    def period_commit(self, gradient_sum, start, end):
+        """What a period commits for one variable: the period's summed
+        gradients (`commit="gradients"`), else the pseudo-gradient
+        `start - end` (how far its local steps moved the weights), divided
+        by the period if `normalize`.
+
+        Args:
+            gradient_sum: The period's gradients, summed (dense), or None
+                for the weight-change rule.
+            start: The weights at the period's start (the center).
+            end: The local weights at its end.
+        """
+        if self.commit == "gradients":
+            value = gradient_sum
+        else:
+            value = start - end
+        if self.normalize and self.local:
+            value = value / keras.ops.cast(self.period, value.dtype)
+        return value
+
+    def to_send(self, commits):
+        """`commits` as they travel: in `communication_dtype`."""
+        if self.communication_dtype is None:
+            return list(commits)
+        return [_cast(c, self.communication_dtype) for c in commits]
+
+    @staticmethod
+    def received(commits, dtypes):
+        """Commits that travelled, back in `dtypes` (their variables')."""
+        return [_cast(c, dtype) for c, dtype in zip(commits, dtypes)]
+
+
+def _cast(value, dtype):
+    """`value` (dense or `IndexedSlices`) in `dtype`."""
+    return gradients.map_values(lambda v: keras.ops.cast(v, dtype), value)
