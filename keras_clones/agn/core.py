@@ -158,3 +158,107 @@ class Config(typing.NamedTuple):
 def _cast(value, dtype):
     """`value` (dense or `IndexedSlices`) in `dtype`."""
     return gradients.map_values(lambda v: keras.ops.cast(v, dtype), value)
+
+
+class State(typing.NamedTuple):
+    """A worker's AGN state as values, per centered variable in the order
+    of the optimizer's variables (None where the configuration or the
+    caller keeps none).
+
+    Attributes:
+        weights: The local weights.
+        inner: The inner optimizer's state (opaque to the core: what
+            `inner` takes and returns).
+        accumulators: The period's gradients, summed (the gradients rule).
+        centers: The global centers, where the period started from.
+        outer: The outer optimizer's state (what `outer` takes and
+            returns).
+    """
+
+    weights: list
+    inner: object = None
+    accumulators: list = None
+    centers: list = None
+    outer: object = None
+
+
+def local_step(state, grads, inner, iteration):
+    """One local step: the inner optimizer's update of the local weights,
+    and the gradients summed into the accumulators (where `state` keeps
+    them; a missing gradient adds nothing).
+
+    A step that a guard skips is the caller's to leave out (keeping the old
+    state, with whatever else it keeps of the step), so that it still
+    counts.
+
+    Args:
+        state: The `State` (weights, inner, accumulators).
+        grads: A gradient per weight (None: none).
+        inner: `inner(weights, grads, inner_state, iteration) ->
+            (weights, inner_state)`, the inner optimizer on values.
+        iteration: The optimizer step the update is taken at.
+
+    Returns:
+        The new `State`.
+    """
+    weights, inner_state = inner(state.weights, grads, state.inner, iteration)
+    accumulators = state.accumulators
+    if accumulators is not None:
+        accumulators = [
+            a if g is None else a + gradients.dense(g)
+            for a, g in zip(accumulators, grads)
+        ]
+    return state._replace(
+        weights=weights, inner=inner_state, accumulators=accumulators
+    )
+
+
+def commit(config, state):
+    """What this worker's period commits, as it travels: by the rule, from
+    the accumulators or from how far the local weights moved from the
+    centers; and the state with the accumulators restarted.
+
+    Returns:
+        `(state, sent)`: the new `State`, and a commit per weight in the
+        configuration's `communication_dtype`.
+    """
+    sums = state.accumulators or [None] * len(state.weights)
+    sent = config.to_send(
+        [
+            config.period_commit(s, c, w)
+            for s, c, w in zip(sums, state.centers, state.weights)
+        ]
+    )
+    if state.accumulators is not None:
+        state = state._replace(
+            accumulators=[keras.ops.zeros_like(a) for a in sums]
+        )
+    return state, sent
+
+
+def apply(state, received, outer, iteration, applied=None):
+    """The workers' reduced commit (`received`, in the weights' dtypes)
+    moves the centers by the outer optimizer, unless `applied` (a boolean
+    scalar, or None: always) is false; the local weights restart from the
+    centers.
+
+    Args:
+        state: The `State` (centers, outer).
+        received: The reduced commit, a value per weight.
+        outer: `outer(centers, received, outer_state, iteration) ->
+            (centers, outer_state)`, the outer optimizer on values.
+        iteration: The outer optimizer's step.
+        applied: Whether the move applies (a guard's verdict), or None.
+
+    Returns:
+        The new `State`.
+    """
+    moved = outer(state.centers, received, state.outer, iteration)
+    if applied is not None:  # A skip as data.
+        moved = keras.tree.map_structure(
+            lambda n, o: keras.ops.where(applied, n, o),
+            moved,
+            (state.centers, state.outer),
+        )
+    centers, outer_state = moved
+    return state._replace(centers=centers, outer=outer_state, weights=centers)

@@ -27,6 +27,7 @@ import typing
 
 import tensorflow as tf
 
+from keras_clones.agn import core
 from keras_clones.parameter_server.inner_optimizer import WorkerInnerOptimizer
 from keras_clones.parameter_server.worker_values import kept_unless_skipped
 from keras_clones.parameter_server.worker_values import read_values
@@ -42,6 +43,20 @@ class _WorkerCopy(typing.NamedTuple):
     states: list  # The non-trainable variables' values.
     inner: list  # The inner optimizer's state (`WorkerInnerOptimizer`).
     gradient_sums: list  # The period's gradients, if the rule commits them.
+
+    def agn(self, centers=None, outer=None):
+        """Its AGN state (`core.State`), with the period's `centers`."""
+        return core.State(
+            self.weights, self.inner, self.gradient_sums or None, centers, outer
+        )
+
+    def with_agn(self, state):
+        """This copy with the AGN state `state`'s values."""
+        return self._replace(
+            weights=state.weights,
+            inner=state.inner,
+            gradient_sums=state.accumulators or [],
+        )
 
 
 class _LoggedStep(typing.NamedTuple):
@@ -98,49 +113,49 @@ class AGNPeriods:
         copy = self._worker_copy(centers)
         steps, commits = [], []
         period = self._period
+        config = self.optimizer.core_config
         for p in range(self._periods):
             for k in range(period):
                 copy, step = self._local_step(
                     copy, next(iterator), start + p * period + k
                 )
                 steps.append(step)
-            commits.append(self._commit(copy.gradient_sums, centers, copy))
+            state, sent = core.commit(config, copy.agn(centers, outer_state))
+            commits.append(sent)
             if p < self._periods - 1:
-                centers, outer_state = self._moved(
-                    centers, commits[-1], outer_state, step
-                )
-                copy = copy._replace(
-                    weights=centers,
-                    gradient_sums=[
-                        tf.zeros_like(s) for s in copy.gradient_sums
-                    ],
-                )
+                state = self._moved(state, sent, step)
+                centers, outer_state = state.centers, state.outer
+                copy = copy.with_agn(state)
         with tf.control_dependencies(self._kept_by_worker(copy)):
             commits = tf.nest.map_structure(tf.identity, commits)
         return {"commits": commits, "steps": steps}
 
-    def _moved(self, centers, commit, outer_state, last_step):
-        """The centers and outer-optimizer state after `commit` (as it
-        travels) is applied, as the coordinator applies it: not where the
-        guard will skip it (a commit not finite; with a period of 1, a
-        skipped step)."""
-        received = self.optimizer.core_config.received(
-            commit, [v.dtype for v in self._variables]
-        )
-        iteration = self._outer.iteration(outer_state)
+    def _moved(self, state, commit, last_step):
+        """The worker's `core.State` after its `commit` (as it travels) is
+        applied, as the coordinator applies it (not where the guard will
+        skip it: a commit not finite; with a period of 1, a skipped step),
+        and its local weights restart from the centers."""
+        config = self.optimizer.core_config
+        received = config.received(commit, [v.dtype for v in self._variables])
+        applied = None
+        if last_step.finite is not None:  # A guard.
+            finite = finiteness(None, received)
+            if not config.local:
+                finite = tf.concat([last_step.finite, finite], 0)
+            applied = tf.reduce_all(finite)
+        iteration = self._outer.iteration(state.outer)
+        return core.apply(state, received, self._outer_step, iteration, applied)
+
+    def _outer_step(self, centers, received, outer_state, iteration):
+        """The outer optimizer on tensors, as the core's `outer`."""
         delayed = self.optimizer.delayed_nesterov_rule
         if delayed is None:
-            moved = self._outer.step(centers, received, outer_state, iteration)
-        else:  # The share of the rule every commit takes; no momentum step.
-            rate = self._outer.learning_rate(iteration)
-            moved = delayed.share(centers, received, rate, self._centers)
-            moved = (moved, outer_state)
-        if last_step.finite is None:  # No guard.
-            return moved
-        finite = finiteness(None, received)
-        if not self.optimizer.core_config.local:
-            finite = tf.concat([last_step.finite, finite], 0)
-        return kept_unless_skipped(finite, moved, (centers, outer_state))
+            return self._outer.step(centers, received, outer_state, iteration)
+        # The share of the rule every commit takes; no momentum step.
+        rate = self._outer.learning_rate(iteration)
+        return delayed.share(
+            centers, received, rate, self._centers
+        ), outer_state
 
     def _worker_copy(self, pulled):
         model = self.model
@@ -160,15 +175,11 @@ class AGNPeriods:
         """One inner step of the worker's copy on a batch; the new copy,
         and what the coordinator's logs (and guard) need of the step."""
         computed = self.model.compute(data, values=(copy.weights, copy.states))
-        grads = computed.grads
-        weights, inner = self._inner.step(
-            copy.weights, grads, copy.inner, iteration
+        state = core.local_step(
+            copy.agn(), computed.grads, self._inner.step, iteration
         )
-        new = _WorkerCopy(
-            weights,
-            computed.non_trainable_values,
-            inner,
-            _added(copy.gradient_sums, grads),
+        new = copy.with_agn(state)._replace(
+            states=computed.non_trainable_values
         )
         finite = computed.finite
         if finite is not None:
@@ -196,18 +207,6 @@ class AGNPeriods:
             for v, s in zip(model.non_trainable_variables, copy.states)
         ]
         return writes
-
-    def _commit(self, gradient_sums, start, copy):
-        """The commit of the optimizer's rule, as it travels, of a period
-        that started from the centers `start`."""
-        config = self.optimizer.core_config
-        sums = gradient_sums or [None] * len(start)
-        return config.to_send(
-            [
-                config.period_commit(s, c, w)
-                for s, c, w in zip(sums, start, copy.weights)
-            ]
-        )
 
     def on_coordinator(self, result):
         """Under the coordinator: each period's steps logged (and judged),
@@ -246,11 +245,3 @@ class AGNPeriods:
             commit, self._variables, model.step_hooks, applied
         )
         return logs
-
-
-def _added(total, grads):
-    """`total + grads`, gradients densified (a missing one adds nothing)."""
-    return [
-        t if g is None else t + tf.convert_to_tensor(g)
-        for t, g in zip(total, grads)
-    ]
