@@ -21,10 +21,7 @@ DiLoCo. A commit a guard (`InfNanCheck`) skips is not applied, and does
 not count toward N.
 """
 
-import warnings
-
 import keras
-import numpy as np
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
@@ -147,35 +144,6 @@ def _check_outer(outer_optimizer, what):
                 "`delayed_nesterov=False` to apply Keras's SGD to each "
                 "commit as it arrives."
             )
-
-
-def loadable(store, variables, rule_state, centers):
-    """Which of an `AGNOptimizer`'s saved `variables` (the rule's
-    `rule_state` last, if on) take `store`'s values, by position: all of
-    them; where `store` was saved without the rule's state (another worker
-    count, or one process), all but that state, which starts afresh; where
-    it was saved with it and the rule is off here, all (the state saved
-    after them is left out, with a warning if commits were waiting for
-    their momentum step). None where `store` fits neither."""
-    stored = len(store.keys())
-    if stored == len(variables):
-        return variables
-    if rule_state and stored == len(variables) - len(rule_state):
-        return variables[:stored]
-    if not rule_state and stored == len(variables) + centers + 1:
-        waiting = int(np.asarray(store[str(stored - 1)]))
-        if waiting:
-            warnings.warn(
-                f"The optimizer was saved under delayed Nesterov with "
-                f"{waiting} commit(s) waiting for their momentum step; here "
-                "the rule is off, so their share stays in the centers and "
-                "their momentum step is dropped. Resume on as many "
-                "parameter-server workers, or pass `delayed_nesterov=N`, "
-                "to keep it.",
-                stacklevel=3,
-            )
-        return variables
-    return None
 
 
 class DelayedNesterov:

@@ -3,15 +3,11 @@ as a Keras optimizer: its arguments, state, configuration and slot lookup,
 over the period engine (`engine.PeriodEngine`)."""
 
 import contextlib
-import warnings
 
 import keras
-import ml_dtypes
-import numpy as np
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
-from keras_clones import process_axis
 from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import needs_tensorflow
 from keras_clones._tensorflow import tf
@@ -19,81 +15,38 @@ from keras_clones.agn import arguments
 from keras_clones.agn import core
 from keras_clones.agn import engine
 from keras_clones.agn import replicas
+from keras_clones.agn import saving
 from keras_clones.agn import worker_state
 from keras_clones.agn.delayed_nesterov import DelayedNesterov
 from keras_clones.agn.delayed_nesterov import check_setting
-from keras_clones.agn.delayed_nesterov import loadable
-from keras_clones.agn.state import COUNTER_DTYPE
 from keras_clones.agn.state import StateBuilder
 from keras_clones.step_hooks import Step
 from keras_clones.step_hooks import StepHooks
-
-
-def _itemsize(dtype):
-    """The bytes of one number of `dtype` (bfloat16 included)."""
-    name = keras.backend.standardize_dtype(dtype)
-    return np.dtype(getattr(ml_dtypes, name, name)).itemsize
 
 
 @keras.saving.register_keras_serializable(package="keras_clones")
 class AGNOptimizer(keras.optimizers.Optimizer):
     """Accumulated Gradient Normalization (Hermans et al., ACML 2017).
 
-    Wraps any Keras optimizer. Each step (each `apply`):
+    Wraps any Keras optimizer. Each step the inner `optimizer` updates the
+    model's (local) variables and the gradients are accumulated; every
+    `communication_period` steps each worker's commit (by default the
+    period's gradients divided by the period) is averaged across the
+    workers in one all-reduce, the `outer_optimizer` applies it to the
+    global centers, and the centers are copied into the local variables.
+    `commit`, `normalize` and `outer_optimizer` give the other rules
+    (Hermans's, DiLoCo, model averaging); `overlap` and `fragments` hide
+    and split the all-reduce.
 
-    1. the inner `optimizer` updates the model's (local) variables;
-    2. the gradients are added to one accumulator per variable (sparse
-       gradients, such as an `Embedding`'s `tf.IndexedSlices`, densified);
-    3. the local step is incremented, and every `communication_period` steps
-       the accumulators are divided by the period (the normalization that
-       keeps the update size independent of the period), the
-       `outer_optimizer` applies them to the global-center variables, the
-       centers are copied into the local variables, and the accumulators are
-       reset. So the outer optimizer sees the dense mean gradient of the
-       period, also for variables whose gradients are sparse.
-
-    That is the default rule; `commit="weight_change"` commits the change
-    of the local weights instead, and `normalize=False` leaves the commit
-    undivided (see `commit` below and the four recipes of docs/agn.md).
-
-    With the default outer optimizer (a fresh copy of the inner one),
-    `communication_period=1` trains exactly as the bare inner optimizer: the
-    outer optimizer then takes each step's gradients as they come, sparse
-    ones sparse, and the accumulators stay empty.
-
-    It behaves as any Keras optimizer: variable constraints hold after
-    every update, for the local weights and the centers alike; variables
-    with `overwrite_with_gradient` (float8 training) take their gradient as
-    their value and have no AGN state; plain `tf.Variable`s are accepted; a
-    missing gradient is a warning and no gradient at all an error;
-    `exclude_from_weight_decay()` applies to both optimizers.
-
-    State. For every model variable the optimizer keeps a global center
-    (`global_center_variable(var)`) and a gradient accumulator
-    (`grad_variable(var)`), plus `local_step`. They, and the inner and outer
-    optimizers' state, are optimizer variables (`variables`, in a fixed
-    order): `set_weights`, `model.save`, checkpoints and `BackupAndRestore`
-    store and restore them, so training resumes exactly, even in the middle
-    of a communication period.
-
-    After `fit` the model holds its local weights, so that a later `fit`
-    continues exactly. To evaluate or export the global model, call
-    `assign_global_centers()`, which copies every center into its variable.
-
-    Under `tf.distribute.MirroredStrategy` the local weights take the
-    all-reduced gradient every step, as with any Keras optimizer, while each
-    replica accumulates its own gradients; the outer optimizer sums the
-    accumulators once per period.
-
-    Under `tf.distribute.MultiWorkerMirroredStrategy` with one replica per
-    worker, each worker takes local steps on its own gradients, and the
-    workers' normalized accumulators are averaged in one all-reduce per
-    period, which updates the same centers on every worker.
-    `communication_rounds` counts the synchronisations.
-
-    On the first step the centers take the model's current values, so
-    weights loaded into a freshly built model are trained from, not
-    replaced by centers created before the load.
+    Centers (`global_center_variable(var)`), accumulators
+    (`grad_variable(var)`), `local_step` and both optimizers' state are
+    optimizer `variables`: `model.save`, checkpoints and `BackupAndRestore`
+    resume exactly, even mid-period. After `fit` the model holds its local
+    weights; `assign_global_centers()` copies the centers into it. On the
+    first step the centers take the model's values. Otherwise it behaves
+    as any Keras optimizer (constraints, `overwrite_with_gradient`,
+    `exclude_from_weight_decay()`); with the default outer optimizer and a
+    period of 1 it trains exactly as the bare inner one. See docs/agn.md.
 
     Args:
         optimizer: The inner Keras optimizer, applied to the model's
@@ -278,7 +231,13 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             self.outer_optimizer.build([s.center for s in self._state.states])
         super().build(var_list)
         if self._outer_follows_inner or self._exclusions_forwarded:
-            self._exclude_centers_from_weight_decay()
+            # Keras resolves exclusions per variable, by identity or name;
+            # the centers are other variables with other names.
+            self.outer_optimizer.exclude_from_weight_decay(
+                var_list=self._state.centers_without_weight_decay(
+                    self.inner_optimizer
+                )
+            )
 
     def _build(self, var_list):
         self._state = StateBuilder(self, self._global_devices).build(var_list)
@@ -319,48 +278,20 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.exclude_from_weight_decay(var_list, var_names)
         self._exclusions_forwarded = True
 
-    def _exclude_centers_from_weight_decay(self):
-        # Keras resolves exclusions per variable, by identity or name; the
-        # centers are other variables with other names.
-        inner = self.inner_optimizer
-        self.outer_optimizer.exclude_from_weight_decay(
-            var_list=[
-                state.center
-                for state in self._state.states
-                if not internals.uses_weight_decay(inner, state.variable)
-            ]
-        )
-
     @property
     def variables(self):
-        """The whole state, in a fixed order: this optimizer's own variables
-        (iterations and learning rate, unused, as any Keras optimizer's;
-        local step; communication rounds; a global center and a gradient
-        accumulator per model variable, in the order of the variables; with
-        fragments, each fragment's state of the outer optimizer; with
-        `overlap=True`, the in-flight phases, a commit slot per variable
-        and, for `commit="weight_change"`, a period start per variable;
-        the local steps skipped alone since the last commit, and the first
-        one's step), then the inner optimizer's, then the outer
-        optimizer's, then, under delayed Nesterov, its buffer per variable
-        and count. On JAX, while a step hook keeps state (`InfNanCheck`'s
-        counters), its variables follow, which a step there must carry;
-        they are not saved (`saved_variables`)."""
+        """The whole state, in a fixed order (`saved_variables`, its order
+        in `keras_clones.agn.saving`). On JAX, while a step hook keeps state
+        (`InfNanCheck`'s counters), its variables follow, which a step
+        there must carry; they are not saved."""
         carried = [] if ON_TENSORFLOW else self._step_hooks.state_variables
         return self.saved_variables + carried
 
     @property
     def saved_variables(self):
-        """The optimizer's state, as saved and set: `variables`, but a
-        step hook's; the delayed Nesterov rule's last."""
-        rule_state = self._rule_state()
-        ids = {id(v) for v in rule_state}
-        return (
-            [v for v in internals.own_variables(self) if id(v) not in ids]
-            + self.inner_optimizer.variables
-            + self.outer_optimizer.variables
-            + rule_state
-        )
+        """The optimizer's state, as saved and set: its own, the inner and
+        the outer optimizer's, the delayed Nesterov rule's last."""
+        return saving.saved_variables(self, self._rule_state())
 
     def _rule_state(self):
         """The delayed Nesterov rule's variables, where it is on."""
@@ -368,59 +299,15 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         return rule.state_variables if rule else []
 
     def save_own_variables(self, store):
-        for i, variable in enumerate(self.saved_variables):
-            store[str(i)] = keras.ops.convert_to_numpy(variable)
+        saving.save(self, store)
 
     def load_own_variables(self, store):
-        # Keras's own, over `saved_variables`, with its warning; with or
-        # without the delayed Nesterov rule's state.
-        variables = self.saved_variables
         centers = len(self._state.states) if self.built else 0
-        loaded = loadable(store, variables, self._rule_state(), centers)
-        if loaded is None:
-            hint = ""
-            if not self.built:
-                hint = (
-                    "This is likely because the optimizer has not been "
-                    "called/built yet."
-                )
-            warnings.warn(
-                f"Skipping variable loading for optimizer '{self.name}', "
-                f"because it has {len(variables)} variables whereas the "
-                f"saved optimizer has {len(store.keys())} variables. {hint}",
-                stacklevel=2,
-            )
-            return
-        for i, variable in enumerate(loaded):
-            variable.assign(store[str(i)])
+        saving.load(self, store, self._rule_state(), centers)
 
     def set_weights(self, weights):
         """Sets the whole state, in the order of `saved_variables`."""
-        if not self.built:
-            raise ValueError(
-                "You are calling `set_weights()` on an optimizer that has not "
-                f"yet been built: AGNOptimizer {self.name!r}. Please call "
-                "`optimizer.build(trainable_variables)` to create the "
-                "optimizer weights before calling `set_weights()`."
-            )
-        variables = self.saved_variables
-        if len(weights) != len(variables):
-            raise ValueError(
-                f"AGNOptimizer {self.name!r} has {len(variables)} variables "
-                "(its own, then the inner and the outer optimizer's). "
-                f"Received {len(weights)} weights. Pass the `variables` of "
-                "an AGNOptimizer built on the same model with the same "
-                "inner and outer optimizers."
-            )
-        for variable, weight in zip(variables, weights):
-            if tuple(variable.shape) != tuple(weight.shape):
-                raise ValueError(
-                    f"Optimizer variable {variable.path} has shape "
-                    f"{tuple(variable.shape)}. Received a weight of shape "
-                    f"{tuple(weight.shape)}. Pass weights in the order of "
-                    "`variables`."
-                )
-            variable.assign(weight)
+        saving.set_weights(self, weights)
 
     @property
     def local_step(self):
@@ -440,39 +327,14 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         one-step period are sent as they are, so they send fewer. With
         `fragments`, a period's all-reduces carry it together, about
         1/`fragments` each."""
-        if not self.built:
-            raise ValueError(
-                "The AGNOptimizer has no variables to synchronise yet: it is "
-                "built on the first training step or by "
-                "`optimizer.build(variables)`."
-            )
-        total = 0
-        for state in self._state.states:
-            dtype = self.communication_dtype or state.variable.dtype
-            size = int(np.prod(state.variable.shape))
-            total += size * _itemsize(dtype)
-        return total
+        self._check_built("variables to synchronise")
+        return self._state.bytes_per_round(self.communication_dtype)
 
     def _state_for(self, variable, what):
         """The `VariableState` of model variable `variable`."""
         self._check_built(what)
-        state = self._state.of(variable)
         built_on = internals.built_variables(self)
-        if state is None and not any(v is variable for v in built_on):
-            raise KeyError(
-                f"The AGNOptimizer has no {what} for variable "
-                f"{gradients.variable_name(variable)!r}: it was built on "
-                "other variables (those of the model it was compiled with)."
-            )
-        if state is None:
-            raise KeyError(
-                f"The AGNOptimizer has no {what} for variable "
-                f"{gradients.variable_name(variable)!r}: it has "
-                "`overwrite_with_gradient=True`, so it takes its gradient "
-                "as its value, as with any Keras optimizer. Read the "
-                "variable itself."
-            )
-        return state
+        return self._state.lookup(variable, what, built_on)
 
     def global_center_variable(self, variable):
         """The global-center variable of model variable `variable`."""
@@ -504,13 +366,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         reduced commit awaits being applied at the current period's end).
         With fragments, one per fragment (a vector). Without overlap, no
         commit is ever in flight: 0 (a vector of zeros with fragments)."""
-        phases = [f.phase for f in self._state.fragments]
-        if phases[0] is None:
-            phases = [0] * len(phases)
-        phases = [keras.ops.cast(p, COUNTER_DTYPE) for p in phases]
-        if len(phases) == 1:
-            return phases[0]
-        return keras.ops.stack(phases)
+        return self._state.in_flight_phase()
 
     def assign_global_centers(self, var_list=None):
         """Copies the global centers into their variables.
@@ -586,34 +442,12 @@ class AGNOptimizer(keras.optimizers.Optimizer):
                 the backup was made starts its period from the centers.
             replicas_before: The replicas the backup was made on.
         """
-        if isinstance(replicas_before, bool) or not (
-            isinstance(replicas_before, int) and replicas_before >= 1
-        ):
-            raise ValueError(
-                "`replicas_before` must be the number of replicas (workers) "
-                "the backup was made on, an integer of at least 1. "
-                f"Received: replicas_before={replicas_before!r}."
-            )
-        own = self._own_entries()
-        if arrays is not None:
-            worker_state.check_fits(own, kinds, arrays)
-        if ON_TENSORFLOW:
-            strategy = internals.distribution_strategy(self)
-            replicas_now = strategy.num_replicas_in_sync
-        else:
-            replicas_now = process_axis.processes()
-        phases = [
-            int(keras.ops.convert_to_numpy(f.phase))
-            for f in self._state.fragments
-            if f.phase is not None
-        ]
-        worker_state.restore(
-            own,
-            arrays,
-            replicas_before,
-            replicas_now,
-            phases,
-            self.commit,
+        worker_state.check_replicas_before(replicas_before)
+        worker_state.restore_here(
+            self,
+            self._own_entries(),
+            [f.phase for f in self._state.fragments if f.phase is not None],
+            (kinds, arrays, replicas_before),
             self._replicas.gradients_divided,
         )
 

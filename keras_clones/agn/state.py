@@ -7,6 +7,7 @@ import contextlib
 import typing
 
 import keras
+import ml_dtypes
 import numpy as np
 
 from keras_clones import _keras_internals as internals
@@ -20,6 +21,12 @@ from keras_clones.tensor_optimizer import TensorOptimizer
 # Counters are 64 bits on TensorFlow; JAX (without `jax_enable_x64`) has
 # 32-bit integers, as for Keras's own `iterations` ("int").
 COUNTER_DTYPE = "int"
+
+
+def _itemsize(dtype):
+    """The bytes of one number of `dtype` (bfloat16 included)."""
+    name = keras.backend.standardize_dtype(dtype)
+    return np.dtype(getattr(ml_dtypes, name, name)).itemsize
 
 
 def _slot_name(variable, what):
@@ -62,6 +69,57 @@ class AGNState:
         """The `VariableState` of model variable `variable`, or None (a
         variable without one: it takes its gradient as its value)."""
         return self._of.get(id(variable))
+
+    def lookup(self, variable, what, built_on):
+        """The `VariableState` of model variable `variable`; where it has
+        none, a `KeyError` that says why (`what` it was asked for, and
+        `built_on`, the variables the optimizer was built on)."""
+        state = self.of(variable)
+        if state is None and not any(v is variable for v in built_on):
+            raise KeyError(
+                f"The AGNOptimizer has no {what} for variable "
+                f"{gradients.variable_name(variable)!r}: it was built on "
+                "other variables (those of the model it was compiled with)."
+            )
+        if state is None:
+            raise KeyError(
+                f"The AGNOptimizer has no {what} for variable "
+                f"{gradients.variable_name(variable)!r}: it has "
+                "`overwrite_with_gradient=True`, so it takes its gradient "
+                "as its value, as with any Keras optimizer. Read the "
+                "variable itself."
+            )
+        return state
+
+    def centers_without_weight_decay(self, inner_optimizer):
+        """The centers of the variables `inner_optimizer` leaves out of
+        weight decay."""
+        return [
+            state.center
+            for state in self.states
+            if not internals.uses_weight_decay(inner_optimizer, state.variable)
+        ]
+
+    def bytes_per_round(self, communication_dtype):
+        """The bytes of every weight that has a center, in
+        `communication_dtype` (or None: its own dtype)."""
+        total = 0
+        for state in self.states:
+            dtype = communication_dtype or state.variable.dtype
+            size = int(np.prod(state.variable.shape))
+            total += size * _itemsize(dtype)
+        return total
+
+    def in_flight_phase(self):
+        """The fragments' in-flight phases (0 without overlap), a scalar
+        for one fragment, else a vector."""
+        phases = [f.phase for f in self.fragments]
+        if phases[0] is None:
+            phases = [0] * len(phases)
+        phases = [keras.ops.cast(p, COUNTER_DTYPE) for p in phases]
+        if len(phases) == 1:
+            return phases[0]
+        return keras.ops.stack(phases)
 
 
 class StateBuilder:

@@ -36,7 +36,9 @@ import typing
 import keras
 import numpy as np
 
+from keras_clones import _keras_internals as internals
 from keras_clones import gradients
+from keras_clones import process_axis
 from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones.agn.fragment import RECEIVED
 
@@ -122,6 +124,41 @@ def _describe(kinds_and_shapes):
     shown = ", ".join(f"{k}{list(s)}" for k, s in kinds_and_shapes[:6])
     more = ", ..." if len(kinds_and_shapes) > 6 else ""
     return f"({shown}{more})"
+
+
+def check_replicas_before(replicas_before):
+    """Refuses a `replicas_before` that is no number of replicas."""
+    if isinstance(replicas_before, bool) or not (
+        isinstance(replicas_before, int) and replicas_before >= 1
+    ):
+        raise ValueError(
+            "`replicas_before` must be the number of replicas (workers) "
+            "the backup was made on, an integer of at least 1. "
+            f"Received: replicas_before={replicas_before!r}."
+        )
+
+
+def restore_here(optimizer, own, phases, backup, gradients_divided):
+    """`AGNOptimizer.restore_worker_state`: `backup` (kinds, arrays and the
+    replicas it was made on) into `optimizer`'s `own` entries, on the
+    replicas it trains on now; `phases`, its in-flight phase variables."""
+    kinds, arrays, replicas_before = backup
+    if arrays is not None:
+        check_fits(own, kinds, arrays)
+    if ON_TENSORFLOW:
+        strategy = internals.distribution_strategy(optimizer)
+        replicas_now = strategy.num_replicas_in_sync
+    else:
+        replicas_now = process_axis.processes()
+    restore(
+        own,
+        arrays,
+        replicas_before,
+        replicas_now,
+        [int(keras.ops.convert_to_numpy(p)) for p in phases],
+        optimizer.commit,
+        gradients_divided,
+    )
 
 
 def restore(
