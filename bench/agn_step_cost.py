@@ -1,22 +1,24 @@
 """The added cost per step of `AGNOptimizer` over its inner optimizer.
 
 Microseconds per call of the traced `apply` of AGN(Adam, 10) and of bare
-Adam, round robin, and their difference; `--compare` measures two versions
-of keras_clones in alternating subprocesses. What and how:
+Adam (on JAX, their jitted `stateless_apply`), round robin, and their
+difference; `--compare` measures two versions of keras_clones in
+alternating subprocesses. What and how:
 docs/benchmarks/throughput.md#agn_step_cost.
 
-    python bench/agn_step_cost.py [--quick] [--rounds R] [--calls N]
+    python bench/agn_step_cost.py [--quick] [--backend B] [--rounds R]
+                                  [--calls N]
     python bench/agn_step_cost.py --compare A_DIR B_DIR [--quick]
                                   [--alternations K] [--rounds R] [--calls N]
 """
 
+import functools
 import json
 import os
 import statistics
 import sys
 import time
 
-os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import harness  # noqa: E402
@@ -43,6 +45,12 @@ class PairFlag(harness.Flag):
 
 
 FLAGS = [
+    harness.Flag(
+        "--backend",
+        "tensorflow",
+        choices=("tensorflow", "jax"),
+        help="Keras's backend (default tensorflow)",
+    ),
     harness.Flag(
         "--rounds",
         type=harness.positive_int,
@@ -73,7 +81,9 @@ FLAGS = [
 
 def contender(optimizer):
     """A traced, warmed-up `tf.function` of `optimizer.apply` on a fresh
-    MLP's variables, and its gradients."""
+    MLP's variables; its gradients; its traces; a wait for its last call
+    (a `tf.function` called eagerly on the CPU returns when its ops have
+    run; one read makes sure of it)."""
     import tensorflow as tf
     from timing import mlp_variables
 
@@ -87,13 +97,56 @@ def contender(optimizer):
 
     for _ in range(WARMUP_CALLS):  # The first call traces.
         apply(grads)
-    return apply, grads
+    wait = optimizer.iterations.numpy
+    return apply, grads, apply.experimental_get_tracing_count, wait
+
+
+def jax_contender(optimizer):
+    """On JAX: a jitted, warmed-up `optimizer.stateless_apply` on a fresh
+    MLP's variables (its state donated, as Keras's JAX trainer does), as a
+    function of the gradients; the gradients; its traces; a wait for its
+    last call (JAX dispatches asynchronously)."""
+    import jax
+    import jax.numpy as jnp
+    from timing import mlp_variables
+
+    variables = mlp_variables(MLP_SHAPE, SEED)
+    optimizer.build(variables)
+    grads = [jnp.full(v.shape, GRADIENT, v.dtype) for v in variables]
+    state = [
+        [v.value for v in variables],
+        [v.value for v in optimizer.variables],
+    ]
+    traces = []
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def step(state, grads):
+        traces.append(1)
+        trainable, optimizer_variables = state
+        trainable, optimizer_variables = optimizer.stateless_apply(
+            optimizer_variables, grads, trainable
+        )
+        return [trainable, optimizer_variables]
+
+    def apply(grads):
+        state[:] = step(state, grads)
+
+    for _ in range(WARMUP_CALLS):  # The first call traces.
+        apply(grads)
+    jax.block_until_ready(state)
+    return (
+        apply,
+        grads,
+        lambda: len(traces),
+        lambda: jax.block_until_ready(state),
+    )
 
 
 def timed_calls(args):
     """Round-robin timing of both contenders: `keras_clones.__file__` as
     "keras_clones", and per contender its microseconds per call, one per
     round."""
+    os.environ["KERAS_BACKEND"] = args.backend
     import keras
 
     import keras_clones
@@ -103,22 +156,20 @@ def timed_calls(args):
         BARE: keras.optimizers.Adam(),
         AGN: keras_clones.AGNOptimizer(keras.optimizers.Adam(), PERIOD),
     }
-    contenders = {name: contender(o) for name, o in optimizers.items()}
+    make = jax_contender if args.backend == "jax" else contender
+    contenders = {name: make(o) for name, o in optimizers.items()}
     times = {name: [] for name in contenders}
     for _ in range(args.rounds):
-        for name, (apply, grads) in contenders.items():
+        for name, (apply, grads, _, wait) in contenders.items():
             start = time.perf_counter()
             for _ in range(args.calls):
                 apply(grads)
-            # A tf.function called eagerly on the CPU returns when its ops
-            # have run; one read after the loop makes sure of it.
-            optimizers[name].iterations.numpy()
+            wait()
             seconds = time.perf_counter() - start
             times[name].append(seconds / args.calls * 1e6)
-    for name, (apply, _) in contenders.items():
-        traces = apply.experimental_get_tracing_count()
-        if traces != 1:
-            raise RuntimeError(f"{name}'s apply was traced {traces} times")
+    for name, (_, _, traced, _) in contenders.items():
+        if traced() != 1:
+            raise RuntimeError(f"{name}'s apply was traced {traced()} times")
     return {"keras_clones": keras_clones.__file__, **times}
 
 
@@ -133,7 +184,8 @@ def added_costs(bare, agn):
 
 def setup(args):
     """What is timed: the model, the period, the rounds and calls."""
-    head = f"Adam, MLP {'-'.join(map(str, MLP_SHAPE))}, period {PERIOD}; "
+    head = f"{args.backend}: Adam, MLP {'-'.join(map(str, MLP_SHAPE))}, "
+    head += f"period {PERIOD}; "
     rounds = f"{args.rounds} rounds of {args.calls} calls per contender"
     cores = f"{os.cpu_count()} CPU cores."
     if args.compare:
@@ -148,6 +200,7 @@ def run_worker(directory, args):
     """One measurement with PYTHONPATH=`directory`: its result, or None."""
     command = [sys.executable, __file__, harness.WORKER_FLAG]
     command += ["--rounds", str(args.rounds), "--calls", str(args.calls)]
+    command += ["--backend", args.backend]
     env = dict(os.environ, PYTHONPATH=directory)
     status, lines = launching.run_process(command, WORKER_TIMEOUT, env=env)
     result = launching.printed_result(lines, launching.RESULT)
