@@ -64,8 +64,9 @@ def run_core(config, steps, workers, inner, outer, skipped=()):
         if (step + 1) % config.period == 0:
             sent = []
             for w, state in enumerate(states):
-                states[w], commit = core.commit(config, state)
-                sent.append(np.asarray(commit[0], "float64"))
+                states[w], values = core.commit(config, state)
+                (commit,) = config.to_send(values)
+                sent.append(np.asarray(commit, "float64"))
             mean = agn.mean_commit(sent, config.communication_dtype)
             (received,) = config.received([mean], ["float64"])
             received = np.asarray(received)
@@ -181,6 +182,6 @@ def test_a_move_the_guard_refuses_leaves_the_centers_and_restarts():
 
 def test_the_weight_change_rule_keeps_no_accumulators():
     state = core.State(weights=[np.array([1.0])], centers=[np.array([3.0])])
-    state, (sent,) = core.commit(core.Config(2, "weight_change"), state)
+    state, (value,) = core.commit(core.Config(2, "weight_change"), state)
     assert state.accumulators is None
-    np.testing.assert_array_equal(sent, [1.0])  # (3 - 1) / 2.
+    np.testing.assert_array_equal(value, [1.0])  # (3 - 1) / 2.

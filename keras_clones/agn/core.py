@@ -170,16 +170,18 @@ class State(typing.NamedTuple):
         inner: The inner optimizer's state (opaque to the core: what
             `inner` takes and returns).
         accumulators: The period's gradients, summed (the gradients rule).
-        centers: The global centers, where the period started from.
+        centers: The global centers, where a period starts from.
         outer: The outer optimizer's state (what `outer` takes and
             returns).
+        period_starts: With overlap, the weights at the period's start.
     """
 
-    weights: list
+    weights: list = None
     inner: object = None
     accumulators: list = None
     centers: list = None
     outer: object = None
+    period_starts: list = None
 
 
 def local_step(state, grads, inner, iteration):
@@ -214,26 +216,28 @@ def local_step(state, grads, inner, iteration):
 
 
 def commit(config, state):
-    """What this worker's period commits, as it travels: by the rule, from
-    the accumulators or from how far the local weights moved from the
-    centers; and the state with the accumulators restarted.
+    """What this worker's period commits, by the rule: its summed
+    gradients (the accumulators), or how far its local weights moved from
+    where the period started (the centers, or with overlap the period
+    starts), divided by the period if `normalize`; and the state with the
+    accumulators restarted. The commit travels as `config.to_send` casts
+    it (with overlap, once it is reduced).
 
     Returns:
-        `(state, sent)`: the new `State`, and a commit per weight in the
-        configuration's `communication_dtype`.
+        `(state, values)`: the new `State`, and a commit per weight.
     """
-    sums = state.accumulators or [None] * len(state.weights)
-    sent = config.to_send(
-        [
-            config.period_commit(s, c, w)
-            for s, c, w in zip(sums, state.centers, state.weights)
+    if config.commit == "gradients":
+        values = [
+            config.period_commit(s, None, None) for s in state.accumulators
         ]
-    )
-    if state.accumulators is not None:
-        state = state._replace(
-            accumulators=[keras.ops.zeros_like(a) for a in sums]
-        )
-    return state, sent
+        zeros = [keras.ops.zeros_like(s) for s in state.accumulators]
+        return state._replace(accumulators=zeros), values
+    starts = state.period_starts if config.overlap else state.centers
+    values = [
+        config.period_commit(None, start, weights)
+        for start, weights in zip(starts, state.weights)
+    ]
+    return state, values
 
 
 def apply(state, received, outer, iteration, applied=None):

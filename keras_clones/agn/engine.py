@@ -41,6 +41,7 @@ import numpy as np
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
+from keras_clones.agn import core
 from keras_clones.agn.fragment import NOTHING
 from keras_clones.agn.fragment import RECEIVED
 from keras_clones.agn.fragment import SENT
@@ -274,28 +275,37 @@ class PeriodEngine:
     def _reduce_and_move(self, fragment, hooks, grads):
         """In a replica: the workers' commits of the fragment's period,
         reduced, move its centers; its accumulators restart."""
+        restarted = None
         if grads is None:
-            grads = self._period_commit(fragment, "center")
+            restarted, grads = self._period_commit(fragment)
         reduced = self._all_reduce(grads)
         self._report_skips(hooks)
         self._move_centers(fragment, reduced, hooks)
-        if self.config.accumulates:
-            fragment.restart_accumulators()
+        self._restart(fragment, restarted)
 
-    def _period_commit(self, fragment, start):
-        """This replica's commit of the fragment's period, by the rule:
-        from its accumulators, or from its weights at the period's start
-        (field `start`) and its local weights."""
+    def _period_commit(self, fragment):
+        """This replica's commit of the fragment's period (`core.commit`):
+        the state with its accumulators restarted, and the commit."""
         config = self.config
         if config.commit == "gradients":
-            return [
-                config.period_commit(s, None, None)
-                for s in fragment.gather("accumulator")
-            ]
-        return [
-            config.period_commit(None, s, e)
-            for s, e in zip(fragment.gather(start), fragment.gather("variable"))
-        ]
+            state = core.State(accumulators=fragment.gather("accumulator"))
+        elif config.overlap:
+            state = core.State(
+                weights=fragment.gather("variable"),
+                period_starts=fragment.gather("period_start"),
+            )
+        else:
+            state = core.State(
+                weights=fragment.gather("variable"),
+                centers=fragment.gather("center"),
+            )
+        return core.commit(config, state)
+
+    def _restart(self, fragment, restarted):
+        """In a replica: the fragment's accumulators as the commit left
+        them (restarted), where it keeps them."""
+        if restarted is not None and self.config.accumulates:
+            fragment.assign_here("accumulator", restarted.accumulators)
 
     def _all_reduce(self, values):
         """Every replica's commits, reduced by the rule (a sum of gradients
@@ -424,11 +434,9 @@ class PeriodEngine:
         """In a replica: this worker's commit of the fragment's period, into
         its slots."""
         self._report_skips(hooks)
-        fragment.assign_here(
-            "in_flight", self._period_commit(fragment, "period_start")
-        )
-        if self.config.accumulates:
-            fragment.restart_accumulators()
+        restarted, values = self._period_commit(fragment)
+        fragment.assign_here("in_flight", values)
+        self._restart(fragment, restarted)
 
     def _mix(self, fragment):
         """The fragment's local weights become `mixing * local + (1 -

@@ -190,11 +190,6 @@ class Fragment:
             written.append(self.phase)
         return written
 
-    def restart_accumulators(self):
-        """The fragment's accumulators restart from zero (in a replica)."""
-        accumulators = self.field("accumulator")
-        self.assign_here("accumulator", self.part.zeros(accumulators))
-
     def checked_variables(self):
         """The variables a guard names for this fragment's commit."""
         centers = self.field("center")

@@ -120,7 +120,8 @@ class AGNPeriods:
                     copy, next(iterator), start + p * period + k
                 )
                 steps.append(step)
-            state, sent = core.commit(config, copy.agn(centers, outer_state))
+            state, values = core.commit(config, copy.agn(centers, outer_state))
+            sent = config.to_send(values)
             commits.append(sent)
             if p < self._periods - 1:
                 state = self._moved(state, sent, step)
