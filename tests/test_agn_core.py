@@ -185,3 +185,13 @@ def test_the_weight_change_rule_keeps_no_accumulators():
     state, (value,) = core.commit(core.Config(2, "weight_change"), state)
     assert state.accumulators is None
     np.testing.assert_array_equal(value, [1.0])  # (3 - 1) / 2.
+
+
+def test_a_commit_that_arrives_mixes_and_moves_the_period_start_by_hand():
+    config = core.Config(4, "weight_change", overlap=True, mixing=0.25)
+    (mixed,) = core.mixed(config, [np.array([4.0])], [np.array([8.0])])
+    np.testing.assert_array_equal(mixed, [7.0])  # 0.25 * 4 + 0.75 * 8.
+    # The start moves with the weights (4 -> 7): the commit, start minus
+    # weights, stays what the local steps did (1.0).
+    (start,) = core.moved_starts([np.array([5.0])], [mixed], [np.array([4.0])])
+    np.testing.assert_array_equal(start - mixed, [1.0])

@@ -266,3 +266,19 @@ def apply(state, received, outer, iteration, applied=None):
         )
     centers, outer_state = moved
     return state._replace(centers=centers, outer=outer_state, weights=centers)
+
+
+def mixed(config, weights, centers):
+    """With overlap, where a commit arrived: the local weights become
+    `mixing * local + (1 - mixing) * center` (0 restarts from the
+    centers)."""
+    mixing = config.mixing
+    return [mixing * v + (1 - mixing) * c for v, c in zip(weights, centers)]
+
+
+def moved_starts(starts, weights, before):
+    """The period starts, moved as the local weights moved from `before`
+    to `weights` without a local step (a mix, or the centers taken), so
+    that the period's commit stays what its local steps did:
+    `start + weights - before`, in that order."""
+    return [s + v - b for s, v, b in zip(starts, weights, before)]

@@ -442,16 +442,12 @@ class PeriodEngine:
         """The fragment's local weights become `mixing * local + (1 -
         mixing) * center` (then constrained); its period's start moves
         with them, so that its commit is only what its local steps did."""
-        mixing = self.config.mixing
         replicas = self.replicas
 
         def mix_on_replica():
             local = fragment.gather("variable")
             center = fragment.gather("center")
-            mixed = [
-                mixing * v + (1 - mixing) * c for v, c in zip(local, center)
-            ]
-            return local, mixed
+            return local, core.mixed(self.config, local, center)
 
         before, mixed = replicas.for_each_replica(mix_on_replica)
         fragment.assign(replicas, "variable", mixed)
@@ -461,7 +457,7 @@ class PeriodEngine:
             def moved_start(before):
                 starts = fragment.gather("period_start")
                 local = fragment.gather("variable")
-                return [s + v - b for s, v, b in zip(starts, local, before)]
+                return core.moved_starts(starts, local, before)
 
             moved = replicas.for_each_replica(moved_start, before)
             fragment.assign(replicas, "period_start", moved)

@@ -389,9 +389,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         for variable in var_list:
             state = self._state_for(variable, "global center")
             if state.period_start is not None:
-                # The period's commit stays what its local steps did.
                 start = state.period_start
-                start.assign(start + state.center - variable)
+                (moved,) = core.moved_starts(
+                    [start], [state.center], [variable]
+                )
+                start.assign(moved)
             variable.assign(keras.ops.copy(state.center))
 
     def start_from_model(self, var_list, period_ends=False):
