@@ -397,15 +397,13 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             variable.assign(keras.ops.copy(state.center))
 
     def start_from_model(self, var_list, period_ends=False):
-        """Before the first step, as the first step does (for training
-        that takes its local steps elsewhere: parameter servers), each
-        center of `var_list` that differs from its variable takes the
-        variable's value, its gradient accumulator restarts and, with
-        overlap, its period's start follows: weights loaded or set since
-        are trained from. With `period_ends` (`PostInitCopy`), also at a
-        period's end where the local weights are the centers by design
-        (one fragment, no overlap). Elsewhere nothing changes: mid-period
-        the local weights differ from the centers by design.
+        """What the first step does, before it (for steps taken elsewhere):
+        each center of `var_list` that differs from its variable takes its
+        value, its accumulator restarts and its period start follows, so
+        that weights loaded or set since are trained from. With
+        `period_ends` (`PostInitCopy`), also at a period's end where the
+        local weights are the centers by design (one fragment, no overlap);
+        mid-period nothing changes.
 
         Returns:
             The `(variable, center)` pairs copied.
@@ -528,15 +526,12 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         return self._core_config.skips_alone(self._replicas.steps_apart)
 
     def apply_commit(self, commit, var_list, step_hooks=None, applied=None):
-        """Applies one period's `commit` (a gradient per variable, by this
-        optimizer's `commit` rule) taken elsewhere: the end of its period,
-        given the commit. The outer optimizer updates the centers of
-        `var_list` (the observers of `step_hooks` see the commit, and its
-        guard may skip it), and the variables then take the centers'
-        values; `iterations`, `local_step` and `communication_rounds` count
-        the period, as `apply` counts them. For parameter-server training,
-        where each worker's period runs on its own copy of the weights;
-        call it for one commit at a time.
+        """Ends a period taken elsewhere (a parameter-server worker's), one
+        commit at a time: the outer optimizer moves the centers of
+        `var_list` by `commit` (the observers of `step_hooks` see it, and
+        its guard may skip it), the variables take the centers, and
+        `iterations`, `local_step` and `communication_rounds` count the
+        period, as `apply` counts them.
 
         Args:
             commit: One tensor per variable of `var_list`.
