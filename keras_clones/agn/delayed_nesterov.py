@@ -193,7 +193,6 @@ class DelayedNesterov:
         for center, value in zip(centers, commit):
             dtype = center.dtype
             value = ops.cast(gradients.dense(value), dtype)
-            share = ops.cast(rate, dtype) * value / self.commits
             total = self._sums[id(center)]
             summed = gradients.read(total) + value
             velocity = internals.slot(outer, "momentums", center)
@@ -203,7 +202,9 @@ class DelayedNesterov:
                 summed / self.commits
             )
             push = momentum * (new if outer.nesterov else old)
-            moved = gradients.read(center) - share
+            moved = self._shared(
+                gradients.read(center), value, ops.cast(rate, dtype)
+            )
             moved = ops.where(due, moved + push, moved)
             if center.constraint is not None:
                 moved = center.constraint(moved)
@@ -222,9 +223,16 @@ class DelayedNesterov:
         ops = keras.ops
         moved = []
         for value, grad, center in zip(values, commit, centers):
-            rate = ops.cast(learning_rate, value.dtype)
-            value = value - rate * ops.cast(grad, value.dtype) / self.commits
+            dtype = value.dtype
+            value = self._shared(
+                value, ops.cast(grad, dtype), ops.cast(learning_rate, dtype)
+            )
             if center.constraint is not None:
                 value = center.constraint(value)
             moved.append(value)
         return moved
+
+    def _shared(self, center, grad, rate):
+        """`center` after the part of the rule every commit takes:
+        `center - rate * grad / N`."""
+        return center - rate * grad / self.commits
