@@ -303,8 +303,8 @@ class PeriodEngine:
 
     def _restart(self, fragment, restarted):
         """In a replica: the fragment's accumulators as the commit left
-        them (restarted), where it keeps them."""
-        if restarted is not None and self.config.accumulates:
+        them (restarted), where the commit took them."""
+        if restarted is not None and restarted.accumulators is not None:
             fragment.assign_here("accumulator", restarted.accumulators)
 
     def _all_reduce(self, values):
