@@ -573,7 +573,12 @@ class CloneModel(keras.Model):
         """
         fit = super().fit
         args, kwargs = counter_logs.with_integer_counters(fit, args, kwargs)
-        with self._logging_for_fit(True):
+        # An AGNOptimizer's commits applied outside the steps (at the end of
+        # each execution, at the end of `fit`) are judged as its steps are.
+        judged = optimizer_capabilities.commits_judged_by(
+            self.optimizer, self._step_hooks
+        )
+        with self._logging_for_fit(True), judged:
             return self._mode.fit(self, fit, args, kwargs, in_flight_per_worker)
 
     def evaluate(self, *args, **kwargs):
@@ -581,7 +586,9 @@ class CloneModel(keras.Model):
         # `val_clone_i_loss` too. Otherwise the result is a plain model's.
         validation = internals.called_by_fit(kwargs.get("callbacks"))
         # It evaluates the weights with the commit in flight applied.
-        optimizer_capabilities.apply_in_flight_commit(self.optimizer)
+        optimizer_capabilities.apply_in_flight_commit(
+            self.optimizer, self._step_hooks
+        )
         with self._logging_for_fit(False):
             logs = self._mode.infer(self, super().evaluate, args, kwargs)
         if validation and isinstance(logs, dict):

@@ -91,12 +91,24 @@ def check_execution_spans_period(optimizer, steps_per_execution):
         )
 
 
-def apply_in_flight_commit(optimizer):
+def commits_judged_by(optimizer, step_hooks):
+    """The context in which the commits an optimizer applies outside its
+    steps are judged by the guard of `step_hooks` (an `AGNOptimizer`'s
+    `commits_judged_by`); for others, nothing."""
+    judged_by = getattr(unwrapped(optimizer), "commits_judged_by", None)
+    if judged_by is None:
+        return contextlib.nullcontext()
+    return judged_by(step_hooks)
+
+
+def apply_in_flight_commit(optimizer, step_hooks):
     """Applies the commit an optimizer holds in flight (an
-    `AGNOptimizer(overlap=True)`'s), before the model is evaluated."""
+    `AGNOptimizer(overlap=True)`'s), judged by the guard of `step_hooks`,
+    before the model is evaluated."""
     apply = getattr(unwrapped(optimizer), "apply_in_flight_commit", None)
     if apply is not None:
-        apply()
+        with commits_judged_by(optimizer, step_hooks):
+            apply()
 
 
 def copies_can_apply(optimizer):

@@ -250,6 +250,30 @@ def test_agn_skipped_last_step_of_a_period_still_commits(model_class):
         )
 
 
+def fit_overflowing(model, optimizer):
+    """Two epochs of 5 steps whose gradients (~1e5) are finite, and whose
+    float16 commits are not, under `InfNanCheck("skip")`."""
+    model.compile(optimizer, "mse")
+    x, y = data(False)
+    return model.fit(
+        x,
+        y * 1e5,
+        batch_size=BATCH,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[InfNanCheck("skip")],
+    )
+
+
+def assert_centers_stayed(optimizer, model, initial):
+    """The centers are the `initial` weights; the weights are finite."""
+    for weight, start in zip(model.trainable_weights, initial):
+        center = optimizer.global_center_variable(weight).numpy()
+        np.testing.assert_array_equal(center, start)
+        assert np.all(np.isfinite(weight.numpy()))
+
+
 @pytest.mark.parametrize("model_class", [plain_model, clone_model])
 def test_agn_commit_that_overflows_in_float16_is_skipped(model_class):
     # Gradients of ~1e5 are finite; their float16 commit is not. Every
@@ -260,25 +284,36 @@ def test_agn_commit_that_overflows_in_float16_is_skipped(model_class):
     optimizer = AGNOptimizer(
         keras.optimizers.SGD(1e-9), 3, communication_dtype="float16"
     )
-    model.compile(optimizer, "mse")
-    x, y = data(False)
-    history = model.fit(
-        x,
-        y * 1e5,
-        batch_size=BATCH,
-        epochs=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[InfNanCheck("skip")],
-    )
+    history = fit_overflowing(model, optimizer)
     # 5 steps an epoch: commits after steps 3, 6, 9.
     assert history.history["skipped_steps"] == [1.0, 2.0]
     assert int(optimizer.communication_rounds.numpy()) == 3
     assert int(optimizer.local_step.numpy()) == 10
-    for weight, start in zip(model.trainable_weights, initial):
-        center = optimizer.global_center_variable(weight).numpy()
-        np.testing.assert_array_equal(center, start)
-        assert np.all(np.isfinite(weight.numpy()))
+    assert_centers_stayed(optimizer, model, initial)
+
+
+@pytest.mark.parametrize("model_class", [plain_model, clone_model])
+def test_agn_overlapped_commit_that_overflows_is_skipped_at_the_end_of_fit(
+    model_class,
+):
+    # As above with overlapped commits: each period's commit is judged a
+    # period late, the last one where `fit` applies it at its end, by the
+    # guard of whoever judges the steps (a CloneModel's own hooks). Left
+    # unjudged, that commit would make the centers infinite.
+    model = model_class()
+    initial = [w.numpy() for w in model.trainable_weights]
+    optimizer = AGNOptimizer(
+        keras.optimizers.SGD(1e-9),
+        3,
+        communication_dtype="float16",
+        overlap=True,
+    )
+    history = fit_overflowing(model, optimizer)
+    # Commits sent after steps 3, 6, 9; those of 3 and 6 judged in steps 6
+    # and 9, that of 9 after the epoch's logs.
+    assert history.history["skipped_steps"] == [0.0, 2.0]
+    assert int(optimizer.in_flight_phase.numpy()) == 0
+    assert_centers_stayed(optimizer, model, initial)
 
 
 def test_after_fit_the_model_is_as_before(tmp_path):

@@ -77,7 +77,6 @@ class PeriodEngine:
         self.replicas = replicas
         self._iterations = iterations
         self._count_iterations = count_iterations
-        self._hooks = None  # The step hooks the traced step ends periods with.
         self._execution_ends_periods = False
 
     @property
@@ -201,10 +200,8 @@ class PeriodEngine:
                     writes=self._end_writes(fragment, hooks),
                 )
             return
-        if config.delay:
-            self._remember(hooks)
-            if self._execution_ends_periods:
-                return  # `commits_around_execution` ends the period.
+        if config.delay and self._execution_ends_periods:
+            return  # `commits_around_execution` ends the period.
         step = gradients.read(self.state.local_step)
         for index, ends in config.ending(step):
             fragment = self.state.fragments[index]
@@ -233,7 +230,7 @@ class PeriodEngine:
         """What ends `fragment`'s period in a step whose gradients are
         `pairs`."""
         if self.config.delay:
-            return lambda: self._end_period_in_step(fragment)
+            return lambda: self._end_period_in_step(fragment, hooks)
         if not fragment.whole:
             return lambda: self.end_period(fragment, 0, hooks)
         # Whole variables: those with gradients in this step; with a period
@@ -384,11 +381,8 @@ class PeriodEngine:
 
     # Delay 1: overlapped commits.
 
-    def _remember(self, hooks):
-        self._hooks = hooks
-
-    def _end_period_in_step(self, fragment):
-        self.end_period(fragment, 1, self._hooks)
+    def _end_period_in_step(self, fragment, hooks):
+        self.end_period(fragment, 1, hooks)
         self._receive(fragment)
 
     def _hold_in_flight(self, fragment, hooks):
@@ -476,8 +470,9 @@ class PeriodEngine:
             self.replicas.assign(variable, value)
 
     @contextlib.contextmanager
-    def commits_around_execution(self, strategy):
-        """See `AGNOptimizer.commits_around_execution` (TensorFlow)."""
+    def commits_around_execution(self, strategy, hooks):
+        """See `AGNOptimizer.commits_around_execution` (TensorFlow); the
+        guard of `hooks` judges the commits."""
         replicas = self.replicas
         first_step = gradients.read(self.state.local_step)
         for fragment in self.state.fragments:
@@ -499,7 +494,6 @@ class PeriodEngine:
             ),
         )
         moved = last_step > first_step
-        hooks = self._hooks
         for index, ends in self.config.ending(last_step):
             fragment = self.state.fragments[index]
             replicas.run_if(
@@ -516,11 +510,11 @@ class PeriodEngine:
             for f in self.state.fragments
         )
 
-    def apply_in_flight(self, strategy):
+    def apply_in_flight(self, strategy, hooks):
         """Applies the commits in flight (see
-        `AGNOptimizer.apply_in_flight_commit`), outside a step, as a step
-        of `strategy` (TensorFlow's, or None) would."""
-        hooks = self._hooks
+        `AGNOptimizer.apply_in_flight_commit`), judged by the guard of
+        `hooks`, outside a step, as a step of `strategy` (TensorFlow's, or
+        None) would."""
         self.replicas.outside_a_step(
             strategy, lambda: self._flush_in_flight(hooks), hooks
         )

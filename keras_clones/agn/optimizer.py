@@ -62,8 +62,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         global_device: Optional device (or list of devices, used
             round-robin) for the global centers.
         name: The name of the optimizer; by default a unique one made from
-            the class name, as for any Keras optimizer (`"agn_optimizer"`,
-            then `"agn_optimizer_1"`, ...).
+            the class name (`"agn_optimizer"`, `"agn_optimizer_1"`, ...).
         commit: What each worker commits at the end of a period, which the
             outer optimizer applies as a gradient: `"gradients"` (the
             default, the contrib AGNOptimizer's rule) the sum of the
@@ -82,9 +81,8 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             `mixing * local + (1 - mixing) * centers`. Needs a period of 2
             or more; across workers, `steps_per_execution` equal to the
             period. The commit in flight is applied at the end of `fit`,
-            before a `CloneModel` evaluates, and by
-            `assign_global_centers()`; `model.save` and checkpoints keep it
-            in flight. See docs/agn.md#overlapped-commits.
+            before a `CloneModel` evaluates and by `assign_global_centers()`
+            (saves keep it in flight). See docs/agn.md#overlapped-commits.
         mixing: With `overlap=True`, the weight of the local weights when
             a commit arrives, in [0, 1]; by default 0.5 (0 takes the
             centers). Only with `overlap=True`.
@@ -172,9 +170,8 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         )
         self._step_hooks = StepHooks()
         self._replicas = replicas.for_this_backend(self._state_and_model)
-        # Above 0, the steps traced leave out the first step's copy
-        # (`started_before_steps`).
-        self._started_before = 0
+        self._started_before = 0  # Above 0: in `started_before_steps`.
+        self._judges = [self._step_hooks]  # `commits_judged_by`'s, last.
         arguments.remember_wrapper(self, (optimizer, outer_optimizer))
 
     @property
@@ -558,6 +555,18 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             self._started_before -= 1
 
     @contextlib.contextmanager
+    def commits_judged_by(self, step_hooks):
+        """A context in which the guard of `step_hooks` (a `CloneModel`'s,
+        around its `fit` and `evaluate`), not the optimizer's own, judges
+        the commits applied outside a step (`commits_around_execution`,
+        `apply_in_flight_commit`)."""
+        self._judges.append(step_hooks)
+        try:
+            yield
+        finally:
+            self._judges.pop()
+
+    @contextlib.contextmanager
     def commits_around_execution(self):
         """For a train function whose every execution ends at or before the
         next fragment's period end (`steps_per_execution` equal to the
@@ -570,7 +579,8 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         if not ON_TENSORFLOW:
             raise needs_tensorflow("`commits_around_execution`")
         strategy = internals.distribution_strategy(self)
-        with self._engine.commits_around_execution(strategy):
+        judges = self._judges[-1]
+        with self._engine.commits_around_execution(strategy, judges):
             yield
 
     def apply_in_flight_commit(self):
@@ -586,7 +596,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         strategy = None  # Other backends apply it at once.
         if ON_TENSORFLOW:
             strategy = internals.distribution_strategy(self)
-        self._engine.apply_in_flight(strategy)
+        self._engine.apply_in_flight(strategy, self._judges[-1])
 
     @property
     def learning_rate(self):
