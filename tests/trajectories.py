@@ -13,7 +13,8 @@ difference and where it first appears. Two saves of the same code on the
 same machine are bit-identical (`compare` of a file with a second save is
 the check of that). The recipes are issue 51's: plain AGN, DiLoCo,
 `fragments=2`, overlap, bfloat16 commits, Adam with the gradients rule,
-and a skipped non-finite step.
+and a skipped non-finite step; then the skipped step with fragments and
+with delayed Nesterov (outer optimizers on values, their moves judged).
 """
 
 import os
@@ -28,18 +29,26 @@ NAN_STEP = 9  # The recipe "nan_skip" has a NaN in this step's batch.
 def recipes(keras, AGNOptimizer):
     """Per name, a function that makes its optimizer."""
     sgd = keras.optimizers.SGD
-    return {
-        "plain": lambda: AGNOptimizer(sgd(0.05, momentum=0.9), PERIOD),
-        "diloco": lambda: AGNOptimizer(
-            keras.optimizers.AdamW(1e-2),
+
+    def diloco(inner, **options):
+        return lambda: AGNOptimizer(
+            inner(1e-2),
             PERIOD,
             commit="weight_change",
             normalize=False,
             outer_optimizer=sgd(0.7, momentum=0.9, nesterov=True),
-        ),
-        "fragments_2": lambda: AGNOptimizer(
+            **options,
+        )
+
+    def fragments():
+        return AGNOptimizer(
             sgd(0.05), PERIOD, outer_optimizer=sgd(0.5), fragments=2
-        ),
+        )
+
+    return {
+        "plain": lambda: AGNOptimizer(sgd(0.05, momentum=0.9), PERIOD),
+        "diloco": diloco(keras.optimizers.AdamW),
+        "fragments_2": fragments,
         "overlap": lambda: AGNOptimizer(
             sgd(0.05), PERIOD, commit="weight_change", overlap=True
         ),
@@ -50,6 +59,11 @@ def recipes(keras, AGNOptimizer):
             keras.optimizers.Adam(1e-2), PERIOD
         ),
         "nan_skip": lambda: AGNOptimizer(sgd(0.05, momentum=0.9), PERIOD),
+        # The outers on values, their moves judged by a guard.
+        "fragments_nan_skip": fragments,
+        "delayed_nesterov_nan_skip": diloco(
+            keras.optimizers.Adam, delayed_nesterov=2
+        ),
     }
 
 
@@ -81,9 +95,10 @@ def trajectory(keras, callbacks, name, make_optimizer):
             to_numpy = keras.ops.convert_to_numpy
             steps.append({v.path: to_numpy(v) for v in variables})
 
-    checks = [callbacks.InfNanCheck("skip")] if name == "nan_skip" else []
+    guarded = name.endswith("nan_skip")
+    checks = [callbacks.InfNanCheck("skip")] if guarded else []
     model.fit(
-        *data(name == "nan_skip"),
+        *data(guarded),
         batch_size=BATCH,
         shuffle=False,
         verbose=0,

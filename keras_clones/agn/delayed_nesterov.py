@@ -180,40 +180,62 @@ class DelayedNesterov:
         rule's own."""
         return [*self.outer.variables, *self.state_variables]
 
-    def apply(self, commit, centers):
-        """One commit (a gradient per center) moves `centers` by the rule;
-        every N-th also takes the momentum step. Outside a synchronous
-        strategy's replicas: where a step's merge runs, or the
-        coordinator."""
+    def read_state(self, centers):
+        """The rule's state for `centers`, as values: the outer SGD's
+        velocity and the rule's buffer per center, the commits since the
+        last momentum step, and the outer SGD's step count."""
+        return (
+            [gradients.read(self._velocity(c)) for c in centers],
+            [gradients.read(self._sums[id(c)]) for c in centers],
+            gradients.read(self.count),
+            gradients.read(self.outer.iterations),
+        )
+
+    def assign_state(self, centers, state):
+        """Assigns `state` (as `read_state` gives it) to the variables."""
+        velocities, sums, count, iterations = state
+        for center, velocity, total in zip(centers, velocities, sums):
+            self._velocity(center).assign(velocity)
+            self._sums[id(center)].assign(total)
+        self.outer.iterations.assign(iterations)
+        self.count.assign(count)
+
+    def step(self, values, commit, state, centers):
+        """On values: one commit (a gradient per center) moves `values`
+        (of `centers`) by the rule from `state` (as `read_state` gives
+        it); every N-th also takes the momentum step. Returns the new
+        values and state."""
         ops = keras.ops
         outer = self.outer
-        count = gradients.read(self.count) + 1
+        velocities, sums, count, iterations = state
+        count = count + 1
         due = count >= self.commits
         rate = gradients.read(outer.learning_rate)
-        for center, value in zip(centers, commit):
+        moved_values, new_velocities, new_sums = [], [], []
+        for center, start, value, old, total in zip(
+            centers, values, commit, velocities, sums
+        ):
             dtype = center.dtype
             value = ops.cast(gradients.dense(value), dtype)
-            total = self._sums[id(center)]
-            summed = gradients.read(total) + value
-            velocity = internals.slot(outer, "momentums", center)
-            old = gradients.read(velocity)
+            summed = total + value
             momentum = ops.cast(outer.momentum, dtype)
             new = momentum * old - ops.cast(rate, dtype) * (
                 summed / self.commits
             )
             push = momentum * (new if outer.nesterov else old)
-            moved = self._shared(
-                gradients.read(center), value, ops.cast(rate, dtype)
-            )
+            moved = self._shared(start, value, ops.cast(rate, dtype))
             moved = ops.where(due, moved + push, moved)
             if center.constraint is not None:
                 moved = center.constraint(moved)
-            center.assign(moved)
-            velocity.assign(ops.where(due, new, old))
-            total.assign(ops.where(due, ops.zeros_like(summed), summed))
-        iterations = gradients.read(outer.iterations)
-        outer.iterations.assign(iterations + ops.cast(due, iterations.dtype))
-        self.count.assign(ops.where(due, ops.zeros_like(count), count))
+            moved_values.append(moved)
+            new_velocities.append(ops.where(due, new, old))
+            new_sums.append(ops.where(due, ops.zeros_like(summed), summed))
+        iterations = iterations + ops.cast(due, iterations.dtype)
+        count = ops.where(due, ops.zeros_like(count), count)
+        return moved_values, (new_velocities, new_sums, count, iterations)
+
+    def _velocity(self, center):
+        return internals.slot(self.outer, "momentums", center)
 
     def share(self, values, commit, learning_rate, centers):
         """On tensors: the `values` of `centers` after the part of the rule

@@ -323,13 +323,7 @@ class PeriodEngine:
         applied = None
         if hooks is not None:
             applied = hooks.judge_update(reduced, fragment.checked_variables())
-        move = lambda: fragment.move_centers(  # noqa: E731
-            reduced, self.replicas
-        )
-        if applied is None:
-            move()
-        else:
-            self.replicas.run_if(applied, move)
+        fragment.move_centers(reduced, self.replicas, applied)
 
     def _apply_given_commit(self, fragment, commit, hooks):
         centers = fragment.field("center")

@@ -21,6 +21,7 @@ import numpy as np
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
+from keras_clones.agn import core
 from keras_clones.agn.delayed_nesterov import DelayedNesterov
 
 NOTHING, SENT, RECEIVED = 0, 1, 2  # A fragment's in-flight phases.
@@ -197,19 +198,51 @@ class Fragment:
             return centers
         return [centers[self.part.touched()[0]]]
 
-    def move_centers(self, reduced, replicas):
+    def move_centers(self, reduced, replicas, applied=None):
         """In a replica of `replicas`: the workers' `reduced` commit moves
-        the fragment's centers, through its outer optimizer."""
+        the fragment's centers through its outer optimizer, unless
+        `applied` (a guard's verdict, a boolean scalar; None: always) is
+        false. An outer optimizer on values (a flat slice's, the delayed
+        Nesterov rule) moves them by `core.apply`, the skip as data;
+        Keras's of whole variables, which assigns as it goes, runs under a
+        conditional."""
         centers = self.field("center")
-        if self.whole:
-            move_whole_centers(self.outer, reduced, centers)
+        if isinstance(self.outer, DelayedNesterov):
+            rule = self.outer
+            state = core.apply(
+                core.State(
+                    centers=[gradients.read(c) for c in centers],
+                    outer=rule.read_state(centers),
+                ),
+                reduced,
+                lambda values, grads, state, _: rule.step(
+                    values, grads, state, centers
+                ),
+                None,
+                applied,
+            )
+            for center, value in zip(centers, state.centers):
+                center.assign(value)
+            rule.assign_state(centers, state.outer)
             return
-        state = [s.value for s in self.outer_state]
-        start = self.gather("center")
-        moved, state = self.outer.step(
-            start, reduced, state, self.outer.iteration(state)
+        if self.whole:
+            move = lambda: move_whole_centers(  # noqa: E731
+                self.outer, reduced, centers
+            )
+            if applied is None:
+                move()
+            else:
+                replicas.run_if(applied, move)
+            return
+        state = core.State(
+            centers=self.gather("center"),
+            outer=[s.value for s in self.outer_state],
         )
-        replicas.merge_call(self._assign_centers, replicas, moved, state)
+        iteration = self.outer.iteration(state.outer)
+        state = core.apply(state, reduced, self.outer.step, iteration, applied)
+        replicas.merge_call(
+            self._assign_centers, replicas, state.centers, state.outer
+        )
 
     def _assign_centers(self, replicas, moved, state):
         self.assign(replicas, "center", moved)
@@ -225,9 +258,6 @@ class Fragment:
 def move_whole_centers(outer_optimizer, reduced, centers):
     """The reduced commits move the centers: the outer optimizer (a Keras
     optimizer) applies them as gradients (as they are: no further
-    all-reduce), or a `DelayedNesterov` rule over it applies them."""
-    if isinstance(outer_optimizer, DelayedNesterov):
-        outer_optimizer.apply(reduced, centers)
-        return
+    all-reduce)."""
     with internals.without_gradient_all_reduce(outer_optimizer):
         outer_optimizer.apply(reduced, centers)
