@@ -71,6 +71,12 @@ FLAGS = [
         "subprocesses with PYTHONPATH=A_DIR and PYTHONPATH=B_DIR",
     ),
     harness.Flag(
+        "--fragments",
+        1,
+        type=harness.divisor_of(PERIOD),
+        help=f"AGN's fragments, dividing {PERIOD}",
+    ),
+    harness.Flag(
         "--alternations",
         4,
         quick=2,
@@ -154,7 +160,9 @@ def timed_calls(args):
     print(f"keras_clones from {keras_clones.__file__}", flush=True)
     optimizers = {
         BARE: keras.optimizers.Adam(),
-        AGN: keras_clones.AGNOptimizer(keras.optimizers.Adam(), PERIOD),
+        AGN: keras_clones.AGNOptimizer(
+            keras.optimizers.Adam(), PERIOD, fragments=args.fragments
+        ),
     }
     make = jax_contender if args.backend == "jax" else contender
     contenders = {name: make(o) for name, o in optimizers.items()}
@@ -185,7 +193,7 @@ def added_costs(bare, agn):
 def setup(args):
     """What is timed: the model, the period, the rounds and calls."""
     head = f"{args.backend}: Adam, MLP {'-'.join(map(str, MLP_SHAPE))}, "
-    head += f"period {PERIOD}; "
+    head += f"period {PERIOD}, fragments {args.fragments}; "
     rounds = f"{args.rounds} rounds of {args.calls} calls per contender"
     cores = f"{os.cpu_count()} CPU cores."
     if args.compare:
@@ -201,6 +209,7 @@ def run_worker(directory, args):
     command = [sys.executable, __file__, harness.WORKER_FLAG]
     command += ["--rounds", str(args.rounds), "--calls", str(args.calls)]
     command += ["--backend", args.backend]
+    command += ["--fragments", str(args.fragments)]
     env = dict(os.environ, PYTHONPATH=directory)
     status, lines = launching.run_process(command, WORKER_TIMEOUT, env=env)
     result = launching.printed_result(lines, launching.RESULT)

@@ -50,6 +50,18 @@ def multiple_of(period):
     return parse
 
 
+def divisor_of(period):
+    """An argparse type: a positive integer that divides `period`."""
+
+    def parse(text):
+        value = positive_int(text)
+        if period % value:
+            raise argparse.ArgumentTypeError(f"must divide {period}")
+        return value
+
+    return parse
+
+
 @dataclasses.dataclass(frozen=True)
 class Flag:
     """A benchmark's flag: `name`, its default, and its default under
