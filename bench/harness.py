@@ -40,23 +40,22 @@ def positive_int(text):
 
 def multiple_of(period):
     """An argparse type: a positive multiple of `period`."""
-
-    def parse(text):
-        value = positive_int(text)
-        if value % period:
-            raise argparse.ArgumentTypeError(f"must be a multiple of {period}")
-        return value
-
-    return parse
+    return _positive_where(lambda v: v % period == 0, f"a multiple of {period}")
 
 
 def divisor_of(period):
     """An argparse type: a positive integer that divides `period`."""
+    return _positive_where(lambda v: period % v == 0, f"a divisor of {period}")
+
+
+def _positive_where(holds, what):
+    """An argparse type: an integer >= 1 for which `holds`, else "must be
+    `what`"."""
 
     def parse(text):
         value = positive_int(text)
-        if period % value:
-            raise argparse.ArgumentTypeError(f"must divide {period}")
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"must be {what}")
         return value
 
     return parse

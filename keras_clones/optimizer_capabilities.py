@@ -94,11 +94,12 @@ def check_execution_spans_period(optimizer, steps_per_execution):
 def commits_judged_by(optimizer, step_hooks):
     """The context in which the commits an optimizer applies outside its
     steps are judged by the guard of `step_hooks` (an `AGNOptimizer`'s
-    `commits_judged_by`); for others, nothing."""
-    judged_by = getattr(unwrapped(optimizer), "commits_judged_by", None)
-    if judged_by is None:
+    `commits_judged_by`), where that guard judges its steps too
+    (`takes_local_steps`: not inside a `LossScaleOptimizer`, whose `apply`
+    the optimizer's own hooks judge); for others, nothing."""
+    if not takes_local_steps(optimizer):
         return contextlib.nullcontext()
-    return judged_by(step_hooks)
+    return optimizer.commits_judged_by(step_hooks)
 
 
 def apply_in_flight_commit(optimizer, step_hooks):

@@ -316,6 +316,63 @@ def test_agn_overlapped_commit_that_overflows_is_skipped_at_the_end_of_fit(
     assert_centers_stayed(optimizer, model, initial)
 
 
+@pytest.mark.parametrize("model_class", [plain_model, clone_model])
+def test_agn_commit_in_flight_at_a_second_fits_end_is_judged_by_its_guard(
+    model_class,
+):
+    # `fit` applies the commit in flight at its end through a function
+    # traced once: one traced by a first `fit` without a guard must not
+    # serve a second `fit` whose guard would refuse that commit.
+    model = model_class()
+    optimizer = AGNOptimizer(
+        keras.optimizers.SGD(1e-9),
+        3,
+        communication_dtype="float16",
+        overlap=True,
+    )
+    model.compile(optimizer, "mse")
+    x, y = data(False)
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    after_first = [w.numpy() for w in optimizer_centers(optimizer, model)]
+    fit_overflowing(model, optimizer)
+    assert_centers_stayed(optimizer, model, after_first)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        lambda: {"fragments": 3},
+        lambda: {
+            "delayed_nesterov": 2,
+            "outer_optimizer": keras.optimizers.SGD(0.5, momentum=0.9),
+        },
+    ],
+    ids=["fragments", "delayed_nesterov"],
+)
+def test_agn_overflowing_commit_of_an_outer_on_values_is_skipped(options):
+    # As above, where the outer optimizer moves the centers on values (a
+    # flat fragment's, the delayed Nesterov rule): the guard's refusal
+    # keeps the centers and the outer state; taken, they would be infinite.
+    model = plain_model()
+    optimizer = AGNOptimizer(
+        keras.optimizers.SGD(1e-9),
+        3,
+        communication_dtype="float16",
+        **options(),
+    )
+    history = fit_overflowing(model, optimizer)
+    assert sum(history.history["skipped_steps"]) >= 1
+    for center in optimizer_centers(optimizer, model):
+        assert np.all(np.isfinite(center.numpy()))
+    assert all(np.all(np.isfinite(v.numpy())) for v in optimizer.variables)
+
+
+def optimizer_centers(optimizer, model):
+    return [
+        optimizer.global_center_variable(w) for w in model.trainable_weights
+    ]
+
+
 def test_after_fit_the_model_is_as_before(tmp_path):
     model = clone_model()
     train(model, "sgd", False, [InfNanCheck()])

@@ -509,8 +509,12 @@ class PeriodEngine:
         `AGNOptimizer.apply_in_flight_commit`), judged by the guard of
         `hooks`, outside a step, as a step of `strategy` (TensorFlow's, or
         None) would."""
+        # Traced again for other hooks, or the same ones holding others.
+        key = None
+        if hooks is not None:
+            key = (hooks, hooks.guard, hooks.observers)
         self.replicas.outside_a_step(
-            strategy, lambda: self._flush_in_flight(hooks), hooks
+            strategy, lambda: self._flush_in_flight(hooks), key
         )
 
     def _flush_in_flight(self, hooks):

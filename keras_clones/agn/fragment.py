@@ -199,8 +199,9 @@ class Fragment:
         return [centers[self.part.touched()[0]]]
 
     def move_centers(self, reduced, replicas, applied=None):
-        """In a replica of `replicas`: the workers' `reduced` commit moves
-        the fragment's centers through its outer optimizer, unless
+        """In a replica of `replicas` (or on the parameter servers'
+        coordinator): the workers' `reduced` commit moves the fragment's
+        centers through its outer optimizer, unless
         `applied` (a guard's verdict, a boolean scalar; None: always) is
         false. An outer optimizer on values (a flat slice's, the delayed
         Nesterov rule) moves them by `core.apply`, the skip as data;

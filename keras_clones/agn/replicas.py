@@ -138,7 +138,7 @@ class StrategyReplicas:
     def outside_a_step(self, strategy, fn, key):
         """Eagerly: `fn()` as a step of `strategy` runs it (`in_a_step`), in
         a `tf.function` traced once for `key` (the last one's kept)."""
-        if self._outside is None or self._outside[0] is not key:
+        if self._outside is None or self._outside[0] != key:
             function = tf.function(
                 lambda: self.in_a_step(strategy, fn), autograph=False
             )
