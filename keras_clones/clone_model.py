@@ -109,9 +109,8 @@ class CloneModel(keras.Model):
 
     def __init__(self, *args, deployment=None, **kwargs):
         if internals.functional_init_arguments(args, kwargs):
-            # What `keras.Model.__init__` does for a functional model, but
-            # with `FunctionalCloneModel` (not `Functional`) injected into
-            # the bases of a subclass: `CloneModel` itself never changes.
+            # As `keras.Model.__init__` for a functional model, with
+            # `FunctionalCloneModel` in a subclass's bases (not CloneModel's).
             _inject_functional_clone_model(type(self))
             internals.TensorFlowTrainer.__init__(self)
             internals.Functional.__init__(self, *args, **kwargs)
@@ -563,18 +562,15 @@ class CloneModel(keras.Model):
             in_flight_per_worker: Under `ParameterServerStrategy`, how many
                 scheduled functions (each `steps_per_execution` steps; with
                 an `AGNOptimizer`, at least one communication period) each
-                worker may have in flight: with 2 or more, a worker
-                computes its next one while the coordinator applies the
-                last, and a result may be up to
-                `in_flight_per_worker * workers - 1` functions stale (the
-                logs' `staleness` and `max_staleness`). The
-                default, 1, waits for each worker's result to be applied
+                worker may have in flight: with 2 or more, a worker computes
+                its next one while the coordinator applies the last, and a
+                result may be up to `in_flight_per_worker * workers - 1`
+                functions stale (the logs' `staleness` and `max_staleness`).
+                The default, 1, waits for each worker's result to be applied
                 (1 worker trains as one process). Elsewhere it must be 1.
         """
         fit = super().fit
         args, kwargs = counter_logs.with_integer_counters(fit, args, kwargs)
-        # An AGNOptimizer's commits applied outside the steps (at the end of
-        # each execution, at the end of `fit`) are judged as its steps are.
         judged = optimizer_capabilities.commits_judged_by(
             self.optimizer, self._step_hooks
         )

@@ -250,6 +250,13 @@ def test_agn_skipped_last_step_of_a_period_still_commits(model_class):
         )
 
 
+def float16_agn(**options):
+    """AGN(SGD(1e-9), 3) with float16 commits (and `options`)."""
+    return AGNOptimizer(
+        keras.optimizers.SGD(1e-9), 3, communication_dtype="float16", **options
+    )
+
+
 def fit_overflowing(model, optimizer):
     """Two epochs of 5 steps whose gradients (~1e5) are finite, and whose
     float16 commits are not, under `InfNanCheck("skip")`."""
@@ -281,9 +288,7 @@ def test_agn_commit_that_overflows_in_float16_is_skipped(model_class):
     # each period starts again from them.
     model = model_class()
     initial = [w.numpy() for w in model.trainable_weights]
-    optimizer = AGNOptimizer(
-        keras.optimizers.SGD(1e-9), 3, communication_dtype="float16"
-    )
+    optimizer = float16_agn()
     history = fit_overflowing(model, optimizer)
     # 5 steps an epoch: commits after steps 3, 6, 9.
     assert history.history["skipped_steps"] == [1.0, 2.0]
@@ -302,12 +307,7 @@ def test_agn_overlapped_commit_that_overflows_is_skipped_at_the_end_of_fit(
     # unjudged, that commit would make the centers infinite.
     model = model_class()
     initial = [w.numpy() for w in model.trainable_weights]
-    optimizer = AGNOptimizer(
-        keras.optimizers.SGD(1e-9),
-        3,
-        communication_dtype="float16",
-        overlap=True,
-    )
+    optimizer = float16_agn(overlap=True)
     history = fit_overflowing(model, optimizer)
     # Commits sent after steps 3, 6, 9; those of 3 and 6 judged in steps 6
     # and 9, that of 9 after the epoch's logs.
@@ -324,12 +324,7 @@ def test_agn_commit_in_flight_at_a_second_fits_end_is_judged_by_its_guard(
     # traced once: one traced by a first `fit` without a guard must not
     # serve a second `fit` whose guard would refuse that commit.
     model = model_class()
-    optimizer = AGNOptimizer(
-        keras.optimizers.SGD(1e-9),
-        3,
-        communication_dtype="float16",
-        overlap=True,
-    )
+    optimizer = float16_agn(overlap=True)
     model.compile(optimizer, "mse")
     x, y = data(False)
     model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
@@ -354,12 +349,7 @@ def test_agn_overflowing_commit_of_an_outer_on_values_is_skipped(options):
     # flat fragment's, the delayed Nesterov rule): the guard's refusal
     # keeps the centers and the outer state; taken, they would be infinite.
     model = plain_model()
-    optimizer = AGNOptimizer(
-        keras.optimizers.SGD(1e-9),
-        3,
-        communication_dtype="float16",
-        **options(),
-    )
+    optimizer = float16_agn(**options())
     history = fit_overflowing(model, optimizer)
     assert sum(history.history["skipped_steps"]) >= 1
     for center in optimizer_centers(optimizer, model):
