@@ -201,12 +201,11 @@ class Fragment:
     def move_centers(self, reduced, replicas, applied=None):
         """In a replica of `replicas` (or on the parameter servers'
         coordinator): the workers' `reduced` commit moves the fragment's
-        centers through its outer optimizer, unless
-        `applied` (a guard's verdict, a boolean scalar; None: always) is
-        false. An outer optimizer on values (a flat slice's, the delayed
-        Nesterov rule) moves them by `core.apply`, the skip as data;
-        Keras's of whole variables, which assigns as it goes, runs under a
-        conditional."""
+        centers through its outer optimizer, unless `applied` (a guard's
+        verdict, a boolean scalar; None: always) is false. An outer
+        optimizer on values (a flat slice's, the delayed Nesterov rule)
+        moves them by `core.apply`, the skip as data; Keras's of whole
+        variables, which assigns as it goes, runs under a conditional."""
         centers = self.field("center")
         if isinstance(self.outer, DelayedNesterov):
             rule = self.outer
