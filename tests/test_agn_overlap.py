@@ -15,6 +15,7 @@ import keras_clones
 from keras_clones import AGNOptimizer
 from keras_clones import optimizer_capabilities
 from keras_clones.parameter_server import fitting
+from keras_clones.step_hooks import StepHooks
 
 PERIOD, STEPS = 3, 9
 
@@ -216,3 +217,13 @@ def test_post_init_copy_leaves_a_trained_overlapped_model_alone():
     assert copy.copied == []
     for value, center in zip(before, centers):
         np.testing.assert_array_equal(value, center.numpy())
+
+
+def test_commits_judged_by_refuses_what_is_not_step_hooks():
+    optimizer = overlapped(period=4)
+    message = r"`commits_judged_by` takes a .*StepHooks.*step_hooks='hooks'"
+    with pytest.raises(TypeError, match=message):
+        with optimizer.commits_judged_by("hooks"):
+            pass
+    with optimizer.commits_judged_by(StepHooks()):  # A StepHooks it takes.
+        pass

@@ -11,6 +11,7 @@ import keras
 from keras_clones import _keras_internals as internals
 from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import tf
+from keras_clones.step_hooks import StepHooks
 
 # Options of the base optimizer that a wrapper does not take itself: they
 # belong on the inner optimizer, as `LossScaleOptimizer` also requires.
@@ -300,3 +301,15 @@ def check_outer_optimizer(outer_optimizer, fragments):
             "`keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)`), or "
             "`fragments=1`."
         )
+
+
+def checked_step_hooks(step_hooks, where):
+    """`step_hooks` if it is a `keras_clones.step_hooks.StepHooks`; else a
+    `TypeError` that names `where` it was given."""
+    if not isinstance(step_hooks, StepHooks):
+        raise TypeError(
+            f"`{where}` takes a `keras_clones.step_hooks.StepHooks` (a "
+            "`CloneModel`'s `step_hooks`, or an `AGNOptimizer`'s). "
+            f"Received: step_hooks={step_hooks!r}."
+        )
+    return step_hooks

@@ -556,11 +556,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
 
     @contextlib.contextmanager
     def commits_judged_by(self, step_hooks):
-        """A context in which the guard of `step_hooks` (a `CloneModel`'s,
-        around its `fit` and `evaluate`), not the optimizer's own, judges
-        the commits applied outside a step (`commits_around_execution`,
-        `apply_in_flight_commit`)."""
-        self._judges.append(step_hooks)
+        """A context in which the guard of `step_hooks` (a `CloneModel`'s, in
+        its `fit` and `evaluate`) judges the commits applied outside a step."""
+        self._judges.append(
+            arguments.checked_step_hooks(step_hooks, "commits_judged_by")
+        )
         try:
             yield
         finally:
