@@ -1,6 +1,8 @@
 """`AGNOptimizer`: Accumulated Gradient Normalization around any optimizer,
-as a Keras optimizer: its arguments, state, configuration and slot lookup,
-over the period engine (`engine.PeriodEngine`)."""
+as a Keras optimizer: its arguments, configuration, state, saving and
+step, over the period engine (`engine.PeriodEngine`). Its state's reads
+are `state_reads.AGNStateReads`, the seams keras_clones's trainers call
+`trainer_seams.AGNTrainerSeams`, both mixed in."""
 
 import contextlib
 
@@ -9,23 +11,23 @@ import keras
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
 from keras_clones._tensorflow import ON_TENSORFLOW
-from keras_clones._tensorflow import needs_tensorflow
 from keras_clones._tensorflow import tf
 from keras_clones.agn import arguments
 from keras_clones.agn import core
 from keras_clones.agn import engine
 from keras_clones.agn import replicas
 from keras_clones.agn import saving
-from keras_clones.agn import worker_state
 from keras_clones.agn.delayed_nesterov import DelayedNesterov
 from keras_clones.agn.delayed_nesterov import check_setting
 from keras_clones.agn.state import StateBuilder
+from keras_clones.agn.state_reads import AGNStateReads
+from keras_clones.agn.trainer_seams import AGNTrainerSeams
 from keras_clones.step_hooks import Step
 from keras_clones.step_hooks import StepHooks
 
 
 @keras.saving.register_keras_serializable(package="keras_clones")
-class AGNOptimizer(keras.optimizers.Optimizer):
+class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
     """Accumulated Gradient Normalization (Hermans et al., ACML 2017).
 
     Wraps any Keras optimizer. Each step the inner `optimizer` updates the
@@ -306,159 +308,6 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         """Sets the whole state, in the order of `saved_variables`."""
         saving.set_weights(self, weights)
 
-    @property
-    def local_step(self):
-        """Steps taken since training began; never reset."""
-        return self._state.local_step
-
-    @property
-    def communication_rounds(self):
-        """Synchronisations so far: gradient all-reduces across workers."""
-        return self._state.rounds
-
-    @property
-    def bytes_per_round(self):
-        """The bytes each worker contributes to one synchronisation's
-        all-reduce: every weight that has a center, in
-        `communication_dtype` (else its own dtype); sparse gradients of a
-        one-step period are sent as they are, so they send fewer. With
-        `fragments`, a period's all-reduces carry it together, about
-        1/`fragments` each."""
-        self._check_built("variables to synchronise")
-        return self._state.bytes_per_round(self.communication_dtype)
-
-    def _state_for(self, variable, what):
-        """The `VariableState` of model variable `variable`."""
-        self._check_built(what)
-        built_on = internals.built_variables(self)
-        return self._state.lookup(variable, what, built_on)
-
-    def global_center_variable(self, variable):
-        """The global-center variable of model variable `variable`."""
-        return self._state_for(variable, "global center").center
-
-    def grad_variable(self, variable):
-        """The gradient accumulator of model variable `variable`."""
-        accumulator = self._state_for(
-            variable, "gradient accumulator"
-        ).accumulator
-        if accumulator is None:
-            raise KeyError(
-                "The AGNOptimizer has no gradient accumulators: with "
-                f"`commit={self.commit!r}` it commits the change of the "
-                "weights, which needs none."
-            )
-        return accumulator
-
-    def period_start(self, variable):
-        """The weights `variable` had at its period's start (with
-        `overlap=True` and `commit="weight_change"`): the commit is this
-        minus the weights at the period's end."""
-        return self._state_for(variable, "period start").period_start
-
-    @property
-    def in_flight_phase(self):
-        """With `overlap=True`: 0, no commit in flight; 1, sent (each
-        worker's own commit awaits the all-reduce); 2, received (the
-        reduced commit awaits being applied at the current period's end).
-        With fragments, one per fragment (a vector). Without overlap, no
-        commit is ever in flight: 0 (a vector of zeros with fragments)."""
-        return self._state.in_flight_phase()
-
-    def assign_global_centers(self, var_list=None):
-        """Copies the global centers into their variables.
-
-        Use it to evaluate or export the global model. With `overlap=True`
-        the commit in flight is applied first (`apply_in_flight_commit`),
-        which all-reduces it if it was only sent: across workers, call it
-        on every worker, outside `fit` or at the same step. Training from
-        there starts a new communication period from the centers only if
-        the accumulators are empty, i.e. right after a synchronisation.
-
-        Args:
-            var_list: The variables to overwrite; by default every variable
-                the optimizer was built with (but those with
-                `overwrite_with_gradient`, which have no center).
-        """
-        self.apply_in_flight_commit()
-        if var_list is None:
-            var_list = [s.variable for s in self._state.states]
-        for variable in var_list:
-            state = self._state_for(variable, "global center")
-            if state.period_start is not None:
-                start = state.period_start
-                (moved,) = core.moved_starts(
-                    [start], [state.center], [variable]
-                )
-                start.assign(moved)
-            variable.assign(keras.ops.copy(state.center))
-
-    def start_from_model(self, var_list, period_ends=False):
-        """What the first step does, before it (for steps taken elsewhere):
-        each center of `var_list` that differs from its variable takes its
-        value, its accumulator restarts and its period start follows, so
-        that weights loaded or set since are trained from. With
-        `period_ends` (`PostInitCopy`), also at a period's end where the
-        local weights are the centers by design (one fragment, no overlap);
-        mid-period nothing changes.
-
-        Returns:
-            The `(variable, center)` pairs copied.
-        """
-        if not isinstance(period_ends, bool):
-            raise TypeError(
-                "`period_ends` must be True or False: whether the model's "
-                "weights are also taken at a period's end. Received: "
-                f"period_ends={period_ends!r}."
-            )
-        self.build(var_list)
-        copied = self._engine.start_from_model(var_list, period_ends)
-        return [(s.variable, s.center) for s in copied]
-
-    def worker_state(self):
-        """What this worker holds of its own across workers, for a backup:
-        its local weights, period starts, gradient accumulators, share of
-        the commit in flight, skip counters and inner optimizer's
-        variables (the centers and the rest are the same on every worker).
-
-        Returns:
-            `(kinds, arrays)`: what each array is, and the arrays, each of
-            this worker's replicas stacked.
-        """
-        own = self._own_entries()
-        return [e.kind for e in own], worker_state.read(own)
-
-    def restore_worker_state(self, kinds, arrays, replicas_before):
-        """Takes back what `worker_state` returned, after the model's
-        weights (holding the centers) were loaded; on another number of
-        replicas, see `keras_clones.agn.worker_state`.
-
-        Args:
-            kinds: The kinds `worker_state` returned, or None.
-            arrays: Its arrays, or None: a worker that was not there when
-                the backup was made starts its period from the centers.
-            replicas_before: The replicas the backup was made on.
-        """
-        worker_state.check_replicas_before(replicas_before)
-        worker_state.restore_here(
-            self,
-            self._own_entries(),
-            [f.phase for f in self._state.fragments if f.phase is not None],
-            (kinds, arrays, replicas_before),
-            self._replicas.gradients_divided,
-        )
-
-    def _own_entries(self):
-        self._check_built("worker state")
-        return worker_state.entries(self._state, self.inner_optimizer)
-
-    def _check_built(self, what):
-        if not self.built:
-            raise ValueError(
-                f"The AGNOptimizer has no {what} yet: it is built on the "
-                "first training step or by `optimizer.build(variables)`."
-            )
-
     # The step.
 
     def apply(self, grads, trainable_variables=None):
@@ -480,123 +329,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         starts = not self._started_before
         self._engine.step(grads, variables, hooks, applied, starts)
 
-    def apply_local_step(self, grads, trainable_variables, applied, step_hooks):
-        """One step whose verdict the caller took (a `CloneModel`, which
-        judged its loss and gradients): the inner optimizer's update runs
-        only where `applied` (a boolean tensor, or None: always); the step
-        counts either way, and a period ends where the schedule says, its
-        commit judged by the guard of `step_hooks` (or None). Where the
-        optimizer `skips_alone`, `applied` is this worker's own verdict,
-        which the optimizer counts and reports at the commit.
-
-        Args:
-            grads: The gradients, as for `apply`.
-            trainable_variables: The variables, as for `apply`.
-            applied: Whether the local update applies, or None.
-            step_hooks: The `keras_clones.step_hooks.StepHooks` of the
-                caller, or None.
-        """
-        self._replicas.check_step_context()
-        trainable_variables = list(trainable_variables)
-        self.build(trainable_variables)
-        self._check_built_on(trainable_variables)
-        self._engine.step(
-            list(grads),
-            trainable_variables,
-            step_hooks,
-            applied,
-            starts=not self._started_before,
-        )
-
     def _check_built_on(self, variables):
         """Refuses variables the optimizer was not built on."""
         for variable in variables:
             if not gradients.overwrites(variable):
                 self._state_for(variable, "global center")
-
-    @property
-    def skips_alone(self):
-        """Whether, in the current strategy, a worker skips a non-finite
-        local step alone, counted at the next commit: across workers, with
-        a period longer than 1. With a period of 1 every step commits, and
-        the workers skip a step together, as in synchronous training."""
-        return self._core_config.skips_alone(self._replicas.steps_apart)
-
-    def apply_commit(self, commit, var_list, step_hooks=None, applied=None):
-        """Ends a period taken elsewhere (a parameter-server worker's), one
-        commit at a time: the outer optimizer moves the centers of
-        `var_list` by `commit` (the observers of `step_hooks` see it, and
-        its guard may skip it), the variables take the centers, and
-        `iterations`, `local_step` and `communication_rounds` count the
-        period, as `apply` counts them.
-
-        Args:
-            commit: One tensor per variable of `var_list`.
-            var_list: The model's trainable variables.
-            step_hooks: The `keras_clones.step_hooks.StepHooks` whose
-                hooks see the commit (the model's); by default none.
-            applied: With a period of 1, whether its one local step applied
-                (a guard's verdict): a skipped step commits nothing, and
-                still counts. None: it applied.
-        """
-        self._engine.apply_commit(commit, list(var_list), step_hooks, applied)
-
-    @contextlib.contextmanager
-    def started_before_steps(self):
-        """A context in which the steps traced leave out the first step's
-        copy of the model into the centers (a conditional every step, which
-        a GPU pays as a copy of every center). Whoever runs those steps
-        calls `start_from_model` before the first of them, as keras_clones
-        does in `fit` and `train_on_batch` under Keras's JAX trainer."""
-        self._started_before += 1
-        try:
-            yield
-        finally:
-            self._started_before -= 1
-
-    @contextlib.contextmanager
-    def commits_judged_by(self, step_hooks):
-        """A context in which the guard of `step_hooks` (a `CloneModel`'s, in
-        its `fit` and `evaluate`) judges the commits applied outside a step."""
-        self._judges.append(
-            arguments.checked_step_hooks(step_hooks, "commits_judged_by")
-        )
-        try:
-            yield
-        finally:
-            self._judges.pop()
-
-    @contextlib.contextmanager
-    def commits_around_execution(self):
-        """For a train function whose every execution ends at or before the
-        next fragment's period end (`steps_per_execution` equal to the
-        period over the fragments), around its loop of steps, in
-        cross-replica context: the commits in flight are all-reduced at the
-        start, beside the steps, and the fragment's period ends after them
-        when the last step ended it. Steps traced inside do not end
-        periods. An execution that crosses a period's end fails. Only with
-        `overlap=True`."""
-        if not ON_TENSORFLOW:
-            raise needs_tensorflow("`commits_around_execution`")
-        strategy = internals.distribution_strategy(self)
-        judges = self._judges[-1]
-        with self._engine.commits_around_execution(strategy, judges):
-            yield
-
-    def apply_in_flight_commit(self):
-        """Applies the commits in flight now (all-reducing them first if
-        only sent): the outer optimizer moves the centers, and the local
-        weights mix with them. The periods under way go on. `fit` calls it
-        at its end (`finalize_variable_values`), a `CloneModel` before it
-        evaluates, and `assign_global_centers()` first. Every worker must
-        call it."""
-        # The same on every worker: they skip it alike.
-        if not self.overlap or not self.built or not self._engine.in_flight():
-            return
-        strategy = None  # Other backends apply it at once.
-        if ON_TENSORFLOW:
-            strategy = internals.distribution_strategy(self)
-        self._engine.apply_in_flight(strategy, self._judges[-1])
 
     @property
     def learning_rate(self):
