@@ -6,6 +6,7 @@ import pathlib
 
 import keras
 import numpy as np
+from reference import agn
 from reference import optimizers
 
 INNER_LR = 0.1
@@ -16,6 +17,21 @@ def python_path_with_tests():
     the reference (tests/reference) or these helpers."""
     path = [str(pathlib.Path(__file__).parent), os.environ.get("PYTHONPATH")]
     return os.pathsep.join(filter(None, path))
+
+
+def recording_quanta(monkeypatch):
+    """Makes the reference record the largest quantum (a block's scale) of
+    the 8- and 4-bit commits it quantizes, in the list returned."""
+    quanta = [0.0]
+    quantized = agn.quantized
+
+    def recorded(value, dtype):
+        largest = np.max(np.abs(np.asarray(value, "float32")))
+        quanta[0] = max(quanta[0], largest / agn.QUANTIZED[dtype])
+        return quantized(value, dtype)
+
+    monkeypatch.setattr(agn, "quantized", recorded)
+    return quanta
 
 
 # name: (AGNOptimizer's options, the inner optimizer and the outer one as

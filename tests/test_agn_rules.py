@@ -103,7 +103,7 @@ def test_float32_communication_is_bit_identical_to_the_default():
         ({"normalize": "yes"}, TypeError, "`normalize` must be True"),
         ({"normalize": 1}, TypeError, "Received: normalize=1"),
         (
-            {"communication_dtype": "int8"},
+            {"communication_dtype": "int16"},
             ValueError,
             "`communication_dtype` must be None",
         ),

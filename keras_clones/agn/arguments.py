@@ -121,7 +121,7 @@ def _fresh_copy(optimizer, name):
 
 
 COMMITS = ("gradients", "weight_change")
-_COMMUNICATION_DTYPES = ("float32", "bfloat16", "float16")
+_COMMUNICATION_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
 
 
 def check_commit_options(commit, normalize, communication_dtype):
@@ -219,6 +219,30 @@ def outer_optimizer_for(optimizer, outer_optimizer, wrapper_type):
             "`optimizer`: the centers need their own slots."
         )
     return outer_optimizer, False
+
+
+def check_error_feedback(error_feedback, communication_dtype):
+    """Refuses an `error_feedback` AGN cannot honour; returns the one used:
+    by default on for `"int4"`, off for `"int8"`."""
+    quantized = communication_dtype in ("int8", "int4")
+    if error_feedback is None:
+        return communication_dtype == "int4"
+    if not isinstance(error_feedback, bool):
+        raise TypeError(
+            "`error_feedback` must be True (each worker adds to a commit "
+            "what quantization dropped from its last one), False or None "
+            f"(on for int4, off for int8). Received: "
+            f"error_feedback={error_feedback!r}."
+        )
+    if not quantized:
+        raise ValueError(
+            "`error_feedback` keeps what quantization drops from a commit, "
+            'so it needs `communication_dtype="int8"` or `"int4"`. '
+            f"Received: error_feedback={error_feedback!r} with "
+            f"communication_dtype={communication_dtype!r}. Leave "
+            "`error_feedback` out, or quantize the commits."
+        )
+    return error_feedback
 
 
 def check_overlap(overlap, mixing, communication_period):

@@ -19,6 +19,7 @@ import typing
 import keras
 
 from keras_clones import gradients
+from keras_clones.agn import quantization
 
 
 class Config(typing.NamedTuple):
@@ -34,6 +35,9 @@ class Config(typing.NamedTuple):
         overlap: Whether a period's commit is applied one period late.
         mixing: With `overlap`, the local weights' share when a commit
             arrives; else None.
+        error_feedback: With a quantized `communication_dtype`, whether
+            each worker adds to a commit what quantization dropped from its
+            last one.
     """
 
     period: int
@@ -43,6 +47,7 @@ class Config(typing.NamedTuple):
     fragments: int = 1
     overlap: bool = False
     mixing: float = None
+    error_feedback: bool = False
 
     @property
     def local(self):
@@ -61,6 +66,11 @@ class Config(typing.NamedTuple):
         """Periods between a commit and its move of the centers: 1 with
         `overlap`, else 0."""
         return 1 if self.overlap else 0
+
+    @property
+    def quantized(self):
+        """Whether commits travel as 8- or 4-bit integers with scales."""
+        return quantization.quantizes(self.communication_dtype)
 
     @property
     def share(self):
@@ -144,8 +154,9 @@ class Config(typing.NamedTuple):
         return value
 
     def to_send(self, commits):
-        """`commits` as they travel: in `communication_dtype`."""
-        if self.communication_dtype is None:
+        """`commits` as they travel: in `communication_dtype` (quantized ones
+        already are, by `quantized`)."""
+        if self.communication_dtype is None or self.quantized:
             return list(commits)
         return [_cast(c, self.communication_dtype) for c in commits]
 
@@ -266,6 +277,24 @@ def apply(state, received, outer, iteration, applied=None):
         )
     centers, outer_state = moved
     return state._replace(centers=centers, outer=outer_state, weights=centers)
+
+
+def quantized(config, values, residuals):
+    """This worker's commit `values` as they arrive after quantization to
+    the config's 8- or 4-bit `communication_dtype` (dense), with error
+    feedback its `residuals` added first; values as they are otherwise.
+
+    Returns:
+        `(values, residuals)`: the commit, and what quantization dropped
+        from it (with error feedback; else `residuals` as given).
+    """
+    if not config.quantized:
+        return values, residuals
+    dtype = config.communication_dtype
+    values = [gradients.dense(v) for v in values]
+    if config.error_feedback:
+        return quantization.with_error_feedback(values, residuals, dtype)
+    return quantization.round_trip(values, dtype), residuals
 
 
 def mixed(config, weights, centers):

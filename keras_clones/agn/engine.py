@@ -95,6 +95,7 @@ class PeriodEngine:
         (else the caller did: `start_from_model`)."""
         replicas = self.replicas
         replicas.check_step_context()
+        self._check_quantized_here()
         if starts:
             kept = [v for v in variables if not gradients.overwrites(v)]
             replicas.merge_call(self._start_from_model, kept)
@@ -112,6 +113,18 @@ class PeriodEngine:
         pairs = [(g, v) for g, v in pairs if not gradients.overwrites(v)]
         replicas.merge_call(self._count_step, pairs, hooks, applied)
         self._count_iterations(1)
+
+    def _check_quantized_here(self):
+        """Refuses 8- and 4-bit commits across workers or replicas, which
+        travel only in one process for now."""
+        if self.config.quantized and self.replicas.count > 1:
+            raise NotImplementedError(
+                "`communication_dtype="
+                f"{self.config.communication_dtype!r}` runs in one process "
+                f"for now, but this step runs on {self.replicas.count} "
+                "replicas or workers. Across workers use `communication_"
+                'dtype="bfloat16"` or `"float16"`, or None.'
+            )
 
     def _start_from_model(self, variables):
         # On the first step the centers take the model's values: weights
@@ -275,7 +288,7 @@ class PeriodEngine:
         restarted = None
         if grads is None:
             restarted, grads = self._period_commit(fragment)
-        reduced = self._all_reduce(grads)
+        reduced = self._all_reduce(self._quantized(fragment, grads))
         self._report_skips(hooks)
         self._move_centers(fragment, reduced, hooks)
         self._restart(fragment, restarted)
@@ -297,6 +310,20 @@ class PeriodEngine:
                 centers=fragment.gather("center"),
             )
         return core.commit(config, state)
+
+    def _quantized(self, fragment, values):
+        """In a replica: this worker's commit of the fragment as it arrives
+        (`core.quantized`), its residual kept where it feeds back."""
+        config = self.config
+        if not config.quantized:
+            return values
+        residuals = None
+        if config.error_feedback:
+            residuals = fragment.gather("residual")
+        values, residuals = core.quantized(config, values, residuals)
+        if config.error_feedback:
+            fragment.assign_here("residual", residuals)
+        return values
 
     def _restart(self, fragment, restarted):
         """In a replica: the fragment's accumulators as the commit left
@@ -423,7 +450,7 @@ class PeriodEngine:
         its slots."""
         self._report_skips(hooks)
         restarted, values = self._period_commit(fragment)
-        fragment.assign_here("in_flight", values)
+        fragment.assign_here("in_flight", self._quantized(fragment, values))
         self._restart(fragment, restarted)
 
     def _mix(self, fragment):
@@ -550,8 +577,9 @@ class PeriodEngine:
             if np.array_equal(keras.ops.convert_to_numpy(state.center), value):
                 continue
             state.center.assign(value)
-            if state.accumulator is not None:
-                state.accumulator.assign(np.zeros_like(value))
+            for own in (state.accumulator, state.residual):
+                if own is not None:
+                    own.assign(np.zeros_like(value))
             if state.period_start is not None:
                 state.period_start.assign(value)
             copied.append(state)

@@ -180,7 +180,7 @@ class Fragment:
         fields = ("center", "variable", "accumulator", "in_flight")
         written = [
             v
-            for name in (*fields, "period_start")
+            for name in (*fields, "period_start", "residual")
             for v in self.field(name)
             if v is not None
         ]
@@ -190,6 +190,12 @@ class Fragment:
         if self.phase is not None:
             written.append(self.phase)
         return written
+
+    def size(self):
+        """The number of weights in the fragment's commit."""
+        if self.whole:
+            return sum(int(np.prod(v.shape)) for v in self.field("variable"))
+        return self.part.size
 
     def checked_variables(self):
         """The variables a guard names for this fragment's commit."""

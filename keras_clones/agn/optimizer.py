@@ -75,7 +75,9 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
             normalization; DiLoCo does not divide).
         communication_dtype: `None` (the variables' dtype, bit-exact),
             `"float32"`, `"bfloat16"` or `"float16"`: the dtype each commit
-            is rounded to and all-reduced in.
+            is rounded to and all-reduced in; `"int8"` or `"int4"`: 8- or
+            4-bit integers with a float32 scale per 128 numbers, in one
+            process for now (see docs/agn.md#8-bit-and-4-bit-commits).
         overlap: Whether each period's commit is applied one period late,
             at the end of the next period, so that across workers its
             all-reduce travels while the next period's local steps compute
@@ -105,6 +107,9 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
             False keeps Keras's SGD for each commit; an integer N sets the
             commits per momentum step (1: off). See
             `keras_clones.agn.delayed_nesterov`.
+        error_feedback: With `"int8"`/`"int4"` commits, whether each worker
+            adds to a commit what quantization dropped from its last one;
+            None (the default): on for int4, off for int8.
 
     Example:
 
@@ -136,6 +141,7 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         mixing=None,
         fragments=1,
         delayed_nesterov=None,
+        error_feedback=None,
         **kwargs,
     ):
         arguments.check_base_options(kwargs)
@@ -146,6 +152,9 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
             overlap, mixing, communication_period
         )
         arguments.check_fragments(fragments, communication_period)
+        feedback = arguments.check_error_feedback(
+            error_feedback, communication_dtype
+        )
         outer_optimizer, outer_follows_inner = arguments.outer_optimizer_for(
             optimizer, outer_optimizer, AGNOptimizer
         )
@@ -161,6 +170,7 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         self.global_device = global_device
         self._mixing = mixing  # As given, for `get_config`.
         self.delayed_nesterov = delayed_nesterov
+        self._error_feedback = error_feedback  # As given, for `get_config`.
         self._core_config = core.Config(
             communication_period,
             commit,
@@ -169,6 +179,7 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
             int(fragments),
             overlap,
             mixing_used,
+            feedback,
         )
         self._step_hooks = StepHooks()
         self._replicas = replicas.for_this_backend(self._state_and_model)
@@ -202,6 +213,7 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
     overlap = property(lambda self: self._core_config.overlap)
     mixing = property(lambda self: self._core_config.mixing)
     fragments = property(lambda self: self._core_config.fragments)
+    error_feedback = property(lambda self: self._core_config.error_feedback)
 
     @property
     def delayed_nesterov_rule(self):
@@ -373,6 +385,7 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
             "mixing": self._mixing,
             "fragments": self.fragments,
             "delayed_nesterov": self.delayed_nesterov,
+            "error_feedback": self._error_feedback,
         }
 
     @classmethod

@@ -16,6 +16,7 @@ from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import tf
 from keras_clones.agn import delayed_nesterov
 from keras_clones.agn import fragment
+from keras_clones.agn import quantization
 from keras_clones.tensor_optimizer import TensorOptimizer
 
 # Counters are 64 bits on TensorFlow; JAX (without `jax_enable_x64`) has
@@ -45,6 +46,8 @@ class VariableState(typing.NamedTuple):
     in_flight: object  # Its slot of the commit in flight (`overlap=True`).
     period_start: object  # Its weights at its period's start (overlap,
     # `commit="weight_change"`).
+    residual: object = None  # What quantization dropped from its last
+    # commit (`error_feedback`).
 
 
 class AGNState:
@@ -102,7 +105,13 @@ class AGNState:
 
     def bytes_per_round(self, communication_dtype):
         """The bytes of every weight that has a center, in
-        `communication_dtype` (or None: its own dtype)."""
+        `communication_dtype` (or None: its own dtype); quantized, each
+        fragment's commit with its scales."""
+        if quantization.quantizes(communication_dtype):
+            return sum(
+                quantization.payload_bytes(f.size(), communication_dtype)
+                for f in self.fragments
+            )
         total = 0
         for state in self.states:
             dtype = communication_dtype or state.variable.dtype
@@ -157,10 +166,13 @@ class StateBuilder:
                 )
         parts, outers, outer_states = self._cut(centered, centers)
         phases, in_flight, starts = self._add_overlap_state(centered)
+        residuals = [None] * len(centered)
+        if self.config.error_feedback:
+            residuals = [self._add_own(v, "residual") for v in centered]
         states = [
             VariableState(*fields)
             for fields in zip(
-                centered, centers, accumulators, in_flight, starts
+                centered, centers, accumulators, in_flight, starts, residuals
             )
         ]
         fragments = [

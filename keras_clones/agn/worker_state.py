@@ -6,9 +6,10 @@ Across workers the centers, the outer optimizer, the local step and the
 rounds are the same on every worker, and a model's saved weights hold them.
 Each worker's own are its local weights, its inner optimizer's variables,
 its period starts, its gradient accumulators, its share of a commit in
-flight and its skip counters. The on-read ones (accumulators, commit in
-flight, skip counters) read outside a replica are reduced over the workers,
-so each is read and restored through its replicas' own values.
+flight, its quantization residuals and its skip counters. The on-read ones
+(accumulators, commit in flight, residuals, skip counters) read outside a
+replica are reduced over the workers, so each is read and restored
+through its replicas' own values.
 
 On R' replicas after R (another number of workers):
 
@@ -16,9 +17,9 @@ On R' replicas after R (another number of workers):
   accumulators are scaled by R / R', so that their sum over the replicas is
   the mean over the workers present of what each accumulated;
 - a worker that was not starts its period from the centers: its local
-  weights and period starts are the centers, its accumulators and skip
-  counters empty, its inner optimizer's variables those of the backup (the
-  chief's);
+  weights and period starts are the centers, its accumulators, residuals
+  and skip counters empty, its inner optimizer's variables those of the
+  backup (the chief's);
 - the commit in flight keeps its value: a sent sum of shares as the backup
   spread it over R' replicas, a mean (`commit="weight_change"`) or a
   received commit scaled by R' / R;
@@ -47,6 +48,7 @@ WEIGHT = "weight"
 PERIOD_START = "period_start"
 ACCUMULATOR = "accumulator"
 IN_FLIGHT = "in_flight"
+RESIDUAL = "residual"
 SKIPPED = "skipped"
 FIRST_SKIPPED = "first_skipped"
 INNER = "inner"
@@ -74,6 +76,8 @@ def entries(state, inner_optimizer):
             own.append(Entry(ACCUMULATOR, s.accumulator, 0))
         if s.in_flight is not None:
             own.append(Entry(IN_FLIGHT, s.in_flight))
+        if s.residual is not None:
+            own.append(Entry(RESIDUAL, s.residual, 0))
     own.append(Entry(SKIPPED, state.skipped, 0))
     own.append(Entry(FIRST_SKIPPED, state.first_skipped, -1))
     own.extend(Entry(INNER, v) for v in inner_optimizer.variables)

@@ -11,11 +11,13 @@ every worker commits its part (the accumulated gradients, or with
 commit), divided by the period unless `normalize=False`; the mean over
 workers (summed in 16 bits with `communication_dtype` "bfloat16" or
 "float16") moves the part's centers by the fragment's own outer
-optimizer, and the workers' parts take the centers. With `overlap`, a
-commit moves the centers a period late, at the fragment's next commit,
-and each worker's part then mixes with them (`mixing` of its own); the
-end of training applies the commits in flight. Plain AGN is one
-fragment without overlap.
+optimizer, and the workers' parts take the centers. In "int8" or "int4"
+each worker's part arrives quantized (`quantized`), with error feedback
+its last residual added first. With `overlap`, a commit moves the
+centers a period late, at the fragment's next commit, and each worker's
+part then mixes with them (`mixing` of its own); the end of training
+applies the commits in flight. Plain AGN is one fragment without
+overlap.
 """
 
 import copy
@@ -51,6 +53,27 @@ def rounded(value, dtype):
 
 def bfloat16(value):
     return rounded(value, "bfloat16")
+
+
+QUANTIZED = {"int8": 127, "int4": 7}  # The largest integer each sends.
+BLOCK = 128  # Numbers per float32 scale.
+
+
+def quantized(value, dtype):
+    """A flat commit as it arrives in `dtype` ("int8" or "int4"): per block
+    of `BLOCK` numbers, in float32, a scale (the largest magnitude over the
+    largest integer), the numbers over it rounded to nearest (ties to
+    even) and clipped, times the scale; as float64."""
+    value = np.asarray(value, "float32")
+    levels = np.float32(QUANTIZED[dtype])
+    arrived = np.zeros_like(value)
+    for first in range(0, value.size, BLOCK):
+        block = value[first : first + BLOCK]
+        scale = np.max(np.abs(block)) / levels
+        if scale > 0:
+            integers = np.clip(np.round(block / scale), -levels, levels)
+            arrived[first : first + BLOCK] = integers * scale
+    return arrived.astype("float64")
 
 
 @dataclasses.dataclass
@@ -101,6 +124,7 @@ def agn(
     commit="gradients",
     normalize=True,
     communication_dtype=None,
+    error_feedback=None,
     fragments=1,
     overlap=False,
     mixing=0.5,
@@ -117,6 +141,9 @@ def agn(
         inner: makes an inner optimizer (`step(w, g)`), one per worker.
         outer: makes an outer optimizer, one per fragment; by default
             `inner`.
+        error_feedback: with `communication_dtype` "int8" or "int4", each
+            worker adds to its commit what quantization dropped from its
+            last one; None: with "int4" only.
         skipped: (worker, step) pairs that take no local step and
             accumulate nothing, yet count toward the period.
         reads: under parameter servers (one worker, one fragment, no
@@ -138,6 +165,8 @@ def agn(
     """
     start = np.asarray(start, "float64")
     outer = outer or inner
+    if error_feedback is None:
+        error_feedback = communication_dtype == "int4"
     bounds = [round(start.size * f / fragments) for f in range(fragments + 1)]
     parts = [slice(bounds[f], bounds[f + 1]) for f in range(fragments)]
     inners = [inner() for _ in range(workers)]
@@ -145,6 +174,7 @@ def agn(
     local = [start.copy() for _ in range(workers)]
     begun = [start.copy() for _ in range(workers)]
     accumulated = [np.zeros_like(start) for _ in range(workers)]
+    residual = [np.zeros_like(start) for _ in range(workers)]
     center = start.copy()
     in_flight = [None] * fragments
     history, rounds = [], 0
@@ -170,6 +200,7 @@ def agn(
             accumulated = accumulated[:kept] + [
                 np.zeros_like(start) for _ in new
             ]
+            residual = residual[:kept] + [np.zeros_like(start) for _ in new]
         for w in range(workers):
             if (w, step) in skipped:
                 continue
@@ -184,6 +215,14 @@ def agn(
                 sent = [b[part] - w[part] for b, w in zip(begun, local)]
             if normalize:
                 sent = [s / period for s in sent]
+            if communication_dtype in QUANTIZED:
+                if error_feedback:
+                    sent = [s + r[part] for s, r in zip(sent, residual)]
+                arrived = [quantized(s, communication_dtype) for s in sent]
+                if error_feedback:
+                    for r, s, a in zip(residual, sent, arrived):
+                        r[part] = s - a
+                sent = arrived
             mean = mean_commit(sent, communication_dtype)
             rounds += 1
             for a in accumulated:

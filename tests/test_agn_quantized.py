@@ -1,0 +1,196 @@
+"""8-bit and 4-bit commits (`communication_dtype="int8"`/`"int4"`, error
+feedback) in one process, against AGN by hand (tests/reference/agn.py)."""
+
+import helpers
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from against_reference import run_against_reference
+from against_reference import stepped
+from reference import agn
+
+from keras_clones import AGNOptimizer
+from keras_clones.agn import core
+from keras_clones.agn import quantization
+
+# The outer optimizers' gain on one number of a commit, summed over the
+# steps it takes (momentum m: 1 / (1 - m)), times their learning rates.
+GAINS = {"contrib": helpers.INNER_LR / (1 - 0.9), "hermans": 1.0}
+GAINS["diloco"] = 0.7 / (1 - 0.9)
+
+
+@pytest.mark.parametrize("rule", ["contrib", "hermans", "diloco"])
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+@pytest.mark.parametrize("error_feedback", [False, True])
+@pytest.mark.parametrize(
+    "options", [{}, {"fragments": 2}, {"overlap": True}], ids=str
+)
+def test_quantized_commits_arrive_as_the_reference_quantizes_them(
+    monkeypatch, rule, dtype, error_feedback, options
+):
+    quanta = helpers.recording_quanta(monkeypatch)
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=300)  # Blocks of 128, 128 and 44.
+    grads = rng.normal(size=(12, 300)).astype("float32")
+    _, _, by_hand, history = run_against_reference(
+        helpers.RULES[rule],
+        start,
+        grads,
+        4,
+        communication_dtype=dtype,
+        error_feedback=error_feedback,
+        **options,
+    )
+    got = np.array([np.concatenate(h) for h in history])
+    want = np.array(
+        [np.concatenate([local[0], c]) for local, c in by_hand.history]
+    )
+    difference = np.abs(got - want)
+    # float32 against float64: the unquantized runs stay within 2e-5.
+    drift = 1e-4
+    # A number on a rounding boundary may land one quantum away, in each
+    # of the 6 commits at most, which the outer optimizer carries on.
+    assert np.max(difference) <= drift + 6 * GAINS[rule] * quanta[0]
+    assert np.mean(difference <= drift) >= 0.99
+
+
+def test_error_feedback_sends_over_the_rounds_what_was_committed():
+    rng = np.random.default_rng(1)
+    commits = [rng.normal(size=(3, 100)).astype("float32") for _ in range(5)]
+    residual = np.zeros((3, 100), "float32")
+    arrived_sum = np.zeros((3, 100), "float32")
+    for commit in commits:
+        scale = np.max(np.abs(commit + residual)) / 7
+        (arrived,), (residual,) = quantization.with_error_feedback(
+            [commit], [residual], "int4"
+        )
+        arrived, residual = np.asarray(arrived), np.asarray(residual)
+        arrived_sum += arrived
+        # To nearest: what is dropped is at most half a quantum.
+        assert np.max(np.abs(residual)) <= scale / 2 * (1 + 1e-6)
+    # What arrived over the rounds, and what is still held back, is what
+    # was committed (float32 sums).
+    np.testing.assert_allclose(
+        arrived_sum + residual, np.sum(commits, axis=0), atol=1e-5
+    )
+
+
+def test_a_block_of_zeros_arrives_as_zeros():
+    values = [np.zeros(200, "float32"), np.ones(3, "float32")]
+    zeros, ones = quantization.round_trip(values, "int8")
+    assert not np.any(np.asarray(zeros))
+    np.testing.assert_array_equal(ones, 1.0)
+
+
+def test_int8_and_int4_commits_are_a_quarter_and_an_eighth_of_float32():
+    # The slow-link bench's MLP, 1.08 MB in float32.
+    model = keras.Sequential(
+        [
+            keras.Input((784,)),
+            keras.layers.Dense(256),
+            keras.layers.Dense(256),
+            keras.layers.Dense(10),
+        ]
+    )
+    sizes = {}
+    for dtype in ("float32", "int8", "int4"):
+        optimizer = AGNOptimizer(
+            keras.optimizers.SGD(), 4, communication_dtype=dtype
+        )
+        optimizer.build(model.trainable_variables)
+        sizes[dtype] = optimizer.bytes_per_round
+    assert sizes["float32"] == 4 * model.count_params() == 1_077_288
+    # Values and a float32 scale per 128 of them (2,105 blocks).
+    assert sizes["int8"] == 269_322 + 4 * 2_105
+    assert sizes["int4"] == 134_661 + 4 * 2_105
+    assert sizes["int8"] / sizes["float32"] <= 0.27
+    assert sizes["int4"] / sizes["float32"] <= 0.14
+
+
+def test_error_feedback_is_on_by_default_for_int4_only():
+    def made(dtype, **options):
+        return AGNOptimizer(
+            keras.optimizers.SGD(), 2, communication_dtype=dtype, **options
+        )
+
+    assert made("int4").error_feedback
+    assert not made("int8").error_feedback
+    assert made("int8", error_feedback=True).error_feedback
+    assert not made("int4", error_feedback=False).error_feedback
+    restored = AGNOptimizer.from_config(made("int4").get_config())
+    assert restored.get_config()["error_feedback"] is None
+    assert restored.core_config == made("int4").core_config
+
+
+def test_error_feedback_without_quantized_commits_is_refused():
+    with pytest.raises(ValueError, match="needs `communication_dtype="):
+        AGNOptimizer(
+            keras.optimizers.SGD(),
+            2,
+            communication_dtype="bfloat16",
+            error_feedback=True,
+        )
+    with pytest.raises(TypeError, match="`error_feedback` must be True"):
+        AGNOptimizer(
+            keras.optimizers.SGD(),
+            2,
+            communication_dtype="int8",
+            error_feedback="yes",
+        )
+
+
+def test_residuals_are_saved_and_restart_from_the_model():
+    optimizer = AGNOptimizer(
+        keras.optimizers.SGD(0.1), 2, communication_dtype="int4"
+    )
+    rng = np.random.default_rng(2)
+    grads = rng.normal(size=(4, 300)).astype("float32")
+    variable, _ = stepped(optimizer, rng.normal(size=300), grads)
+    names = [v.name for v in optimizer.variables]
+    residual = optimizer.variables[names.index("variable_residual")]
+    held = residual.numpy()
+    assert np.any(held)
+    # A worker's own state, for its backup.
+    kinds, arrays = optimizer.worker_state()
+    np.testing.assert_array_equal(arrays[kinds.index("residual")][0], held)
+    copy = AGNOptimizer.from_config(optimizer.get_config())
+    copy.build([variable])
+    store = {}
+    optimizer.save_own_variables(store)
+    copy.load_own_variables(store)
+    copied = copy.variables[names.index("variable_residual")]
+    np.testing.assert_array_equal(copied.numpy(), held)
+    # At a period's end, weights set since are trained from.
+    variable.assign(np.zeros(300, "float32"))
+    optimizer.start_from_model([variable], period_ends=True)
+    assert not np.any(residual.numpy())
+
+
+def test_quantized_commits_across_replicas_are_refused_for_now():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        variable = keras.Variable(np.zeros(4, "float32"))
+        optimizer = AGNOptimizer(
+            keras.optimizers.SGD(), 2, communication_dtype="int8"
+        )
+        optimizer.build([variable])
+
+    def step():
+        optimizer.apply([tf.ones(4)], [variable])
+
+    with pytest.raises(NotImplementedError, match="in one process for now"):
+        strategy.run(tf.function(step))
+
+
+def test_the_core_quantizes_a_sparse_commit_densely():
+    config = core.Config(1, communication_dtype="int8")
+    sparse = tf.IndexedSlices(
+        tf.constant([[1.0, -2.0]]), tf.constant([1]), tf.constant([3, 2])
+    )
+    (arrived,), _ = core.quantized(config, [sparse], None)
+    dense = np.array([[0, 0], [1, -2], [0, 0]])
+    # 1 is 63.5 quanta of 2/127: it lands on 64 (ties to even).
+    want = agn.quantized(dense.ravel(), "int8").reshape(3, 2)
+    assert want[1, 0] == np.float32(2 / 127) * 64
+    np.testing.assert_array_equal(arrived, want)
