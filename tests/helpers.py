@@ -1,6 +1,7 @@
 """What the tests share: AGN's recipes with their references by hand, and
 callbacks. Imports no TensorFlow and no test module or worker script."""
 
+import contextlib
 import os
 import pathlib
 
@@ -19,9 +20,10 @@ def python_path_with_tests():
     return os.pathsep.join(filter(None, path))
 
 
-def recording_quanta(monkeypatch):
+@contextlib.contextmanager
+def recording_quanta():
     """Makes the reference record the largest quantum (a block's scale) of
-    the 8- and 4-bit commits it quantizes, in the list returned."""
+    the 8- and 4-bit commits it quantizes, in the list it yields."""
     quanta = [0.0]
     quantized = agn.quantized
 
@@ -30,8 +32,11 @@ def recording_quanta(monkeypatch):
         quanta[0] = max(quanta[0], largest / agn.QUANTIZED[dtype])
         return quantized(value, dtype)
 
-    monkeypatch.setattr(agn, "quantized", recorded)
-    return quanta
+    agn.quantized = recorded
+    try:
+        yield quanta
+    finally:
+        agn.quantized = quantized
 
 
 # name: (AGNOptimizer's options, the inner optimizer and the outer one as

@@ -27,21 +27,21 @@ GAINS["diloco"] = 0.7 / (1 - 0.9)
     "options", [{}, {"fragments": 2}, {"overlap": True}], ids=str
 )
 def test_quantized_commits_arrive_as_the_reference_quantizes_them(
-    monkeypatch, rule, dtype, error_feedback, options
+    rule, dtype, error_feedback, options
 ):
-    quanta = helpers.recording_quanta(monkeypatch)
     rng = np.random.default_rng(0)
     start = rng.normal(size=300)  # Blocks of 128, 128 and 44.
     grads = rng.normal(size=(12, 300)).astype("float32")
-    _, _, by_hand, history = run_against_reference(
-        helpers.RULES[rule],
-        start,
-        grads,
-        4,
-        communication_dtype=dtype,
-        error_feedback=error_feedback,
-        **options,
-    )
+    with helpers.recording_quanta() as quanta:
+        _, _, by_hand, history = run_against_reference(
+            helpers.RULES[rule],
+            start,
+            grads,
+            4,
+            communication_dtype=dtype,
+            error_feedback=error_feedback,
+            **options,
+        )
     got = np.array([np.concatenate(h) for h in history])
     want = np.array(
         [np.concatenate([local[0], c]) for local, c in by_hand.history]
@@ -62,9 +62,12 @@ def test_error_feedback_sends_over_the_rounds_what_was_committed():
     arrived_sum = np.zeros((3, 100), "float32")
     for commit in commits:
         scale = np.max(np.abs(commit + residual)) / 7
-        (arrived,), (residual,) = quantization.with_error_feedback(
-            [commit], [residual], "int4"
+        (sent,), (residual,) = core.with_feedback(
+            core.Config(2, communication_dtype="int4", error_feedback=True),
+            [commit],
+            [residual],
         )
+        (arrived,) = quantization.round_trip([sent], "int4")
         arrived, residual = np.asarray(arrived), np.asarray(residual)
         arrived_sum += arrived
         # To nearest: what is dropped is at most half a quantum.
@@ -167,20 +170,41 @@ def test_residuals_are_saved_and_restart_from_the_model():
     assert not np.any(residual.numpy())
 
 
-def test_quantized_commits_across_replicas_are_refused_for_now():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
-        variable = keras.Variable(np.zeros(4, "float32"))
-        optimizer = AGNOptimizer(
-            keras.optimizers.SGD(), 2, communication_dtype="int8"
-        )
-        optimizer.build([variable])
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_two_replicas_commit_as_one_device_given_half_the_gradient(dtype):
+    # Each replica packs its commit into int32 words for one all-gather
+    # and adds up what every replica sent: halves of one device's
+    # gradients (a scale halved exactly) move the centers as it does.
+    rng = np.random.default_rng(4)
+    start = rng.normal(size=300).astype("float32")
+    grads = rng.normal(size=(6, 300)).astype("float32")
+    histories = []
+    for devices in (["/cpu:0"], ["/cpu:0", "/cpu:1"]):
+        strategy = tf.distribute.MirroredStrategy(devices)
+        with strategy.scope():
+            variable = keras.Variable(start)
+            optimizer = AGNOptimizer(
+                keras.optimizers.SGD(0.1), 3, communication_dtype=dtype
+            )
+            optimizer.build([variable])
+        shares = grads / len(devices)
 
-    def step():
-        optimizer.apply([tf.ones(4)], [variable])
+        @tf.function
+        def step(i):
+            def replica_step():
+                grad = tf.gather(tf.constant(shares), i)
+                optimizer.apply([grad], [variable])
 
-    with pytest.raises(NotImplementedError, match="in one process for now"):
-        strategy.run(tf.function(step))
+            strategy.run(replica_step)
+
+        history = []
+        for i in range(len(grads)):
+            step(tf.constant(i))
+            center = optimizer.global_center_variable(variable)
+            history.append(center.numpy())
+        histories.append(history)
+    np.testing.assert_array_equal(histories[1], histories[0])
+    assert not np.array_equal(histories[0][-1], histories[0][0])
 
 
 def test_the_core_quantizes_a_sparse_commit_densely():
@@ -188,7 +212,8 @@ def test_the_core_quantizes_a_sparse_commit_densely():
     sparse = tf.IndexedSlices(
         tf.constant([[1.0, -2.0]]), tf.constant([1]), tf.constant([3, 2])
     )
-    (arrived,), _ = core.quantized(config, [sparse], None)
+    (sent,), _ = core.with_feedback(config, [sparse], None)
+    (arrived,) = quantization.round_trip([sent], "int8")
     dense = np.array([[0, 0], [1, -2], [0, 0]])
     # 1 is 63.5 quanta of 2/127: it lands on 64 (ties to even).
     want = agn.quantized(dense.ravel(), "int8").reshape(3, 2)

@@ -131,14 +131,14 @@ def test_overlapped_and_fragmented_commits_match_the_rule_by_hand(
     ],
     ids=["int8", "int4-fragments", "int4-overlap"],
 )
-def test_quantized_commits_match_the_rule_by_hand(monkeypatch, options):
-    quanta = recording_quanta(monkeypatch)
+def test_quantized_commits_match_the_rule_by_hand(options):
     rng = np.random.default_rng(3)
     start = rng.normal(size=300)  # Blocks of 128, 128 and 44.
     grads = rng.normal(size=(4 * PERIOD, 300))
-    optimizer, variable, by_hand = recipe_against_the_rule(
-        "hermans", options, start, grads, {"atol": 1.0}
-    )
+    with recording_quanta() as quanta:
+        optimizer, variable, by_hand = recipe_against_the_rule(
+            "hermans", options, start, grads, {"atol": 1.0}
+        )
     got = keras.ops.convert_to_numpy(optimizer.global_center_variable(variable))
     difference = np.abs(got - by_hand.history[-1][1])
     # As on TensorFlow (tests/test_agn_quantized.py): a number on a

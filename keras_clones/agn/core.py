@@ -279,22 +279,24 @@ def apply(state, received, outer, iteration, applied=None):
     return state._replace(centers=centers, outer=outer_state, weights=centers)
 
 
-def quantized(config, values, residuals):
-    """This worker's commit `values` as they arrive after quantization to
-    the config's 8- or 4-bit `communication_dtype` (dense), with error
-    feedback its `residuals` added first; values as they are otherwise.
+def with_feedback(config, values, residuals):
+    """This worker's commit `values` as it is quantized to the config's 8-
+    or 4-bit `communication_dtype` (dense; with error feedback, its
+    `residuals` added), and the residuals it leaves (what quantization
+    drops of it); values as they are otherwise.
 
     Returns:
-        `(values, residuals)`: the commit, and what quantization dropped
-        from it (with error feedback; else `residuals` as given).
+        `(values, residuals)`: the commit to send, and the residuals (as
+        given without error feedback).
     """
     if not config.quantized:
         return values, residuals
-    dtype = config.communication_dtype
     values = [gradients.dense(v) for v in values]
-    if config.error_feedback:
-        return quantization.with_error_feedback(values, residuals, dtype)
-    return quantization.round_trip(values, dtype), residuals
+    if not config.error_feedback:
+        return values, residuals
+    sent = [v + r for v, r in zip(values, residuals)]
+    arrived = quantization.round_trip(sent, config.communication_dtype)
+    return sent, [s - a for s, a in zip(sent, arrived)]
 
 
 def mixed(config, weights, centers):

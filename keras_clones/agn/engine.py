@@ -42,6 +42,7 @@ import numpy as np
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
 from keras_clones.agn import core
+from keras_clones.agn import quantization
 from keras_clones.agn.fragment import NOTHING
 from keras_clones.agn.fragment import RECEIVED
 from keras_clones.agn.fragment import SENT
@@ -115,15 +116,15 @@ class PeriodEngine:
         self._count_iterations(1)
 
     def _check_quantized_here(self):
-        """Refuses 8- and 4-bit commits across workers or replicas, which
-        travel only in one process for now."""
-        if self.config.quantized and self.replicas.count > 1:
+        """Refuses 8- and 4-bit commits where the backend's collectives do
+        not carry them yet."""
+        if self.config.quantized and not self.replicas.carries_quantized:
             raise NotImplementedError(
                 "`communication_dtype="
                 f"{self.config.communication_dtype!r}` runs in one process "
-                f"for now, but this step runs on {self.replicas.count} "
-                "replicas or workers. Across workers use `communication_"
-                'dtype="bfloat16"` or `"float16"`, or None.'
+                "and across TensorFlow workers for now, not across JAX "
+                'processes. Use `communication_dtype="bfloat16"` or '
+                '`"float16"` there, or None.'
             )
 
     def _start_from_model(self, variables):
@@ -312,15 +313,16 @@ class PeriodEngine:
         return core.commit(config, state)
 
     def _quantized(self, fragment, values):
-        """In a replica: this worker's commit of the fragment as it arrives
-        (`core.quantized`), its residual kept where it feeds back."""
+        """In a replica: this worker's commit of the fragment as it is
+        quantized (`core.with_feedback`), its residual kept where it feeds
+        back."""
         config = self.config
         if not config.quantized:
             return values
         residuals = None
         if config.error_feedback:
             residuals = fragment.gather("residual")
-        values, residuals = core.quantized(config, values, residuals)
+        values, residuals = core.with_feedback(config, values, residuals)
         if config.error_feedback:
             fragment.assign_here("residual", residuals)
         return values
@@ -334,13 +336,19 @@ class PeriodEngine:
     def _all_reduce(self, values):
         """Every replica's commits, reduced by the rule (a sum of gradients
         Keras has divided by the replicas, a mean of weight changes), in
-        `communication_dtype`."""
+        `communication_dtype`; quantized to 8 or 4 bits, each replica's
+        quantized alike, then reduced as the backend's collectives do."""
         config = self.config
         replicas = self.replicas
-        reduced = replicas.all_reduce(
-            config.reduce_op(replicas.gradients_divided),
-            config.to_send(values),
-        )
+        reduce_op = config.reduce_op(replicas.gradients_divided)
+        if config.quantized:
+            dtype = config.communication_dtype
+            integers, scales = quantization.encode(values, dtype)
+            reduced = replicas.all_reduce_quantized(
+                reduce_op, integers, scales, dtype
+            )
+            return quantization.cut(reduced, values)
+        reduced = replicas.all_reduce(reduce_op, config.to_send(values))
         return config.received(reduced, [v.dtype for v in values])
 
     def _move_centers(self, fragment, reduced, hooks):

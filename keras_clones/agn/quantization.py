@@ -13,7 +13,8 @@ float32's, under the 0.27 and 0.14 asked; a smaller block would follow
 each region's magnitude more closely (less error) at more bytes of scales.
 
 With error feedback a worker adds to each commit what quantization dropped
-from its last one (its residual), and keeps what it drops now.
+from its last one (its residual), and keeps what it drops now
+(`core.with_feedback`).
 """
 
 import math
@@ -31,38 +32,45 @@ def quantizes(communication_dtype):
     return communication_dtype in LEVELS
 
 
-def round_trip(values, communication_dtype):
-    """`values` (a commit: a list of tensors) as they arrive after
-    quantization to `communication_dtype`, in their own dtypes: blocks of
-    the flattened commit, each scaled to integers, rounded, and scaled
-    back."""
+def encode(values, communication_dtype):
+    """A commit (a list of tensors), flattened, as it travels: `(integers,
+    scales)`, its blocks as integers in [-q, q] (float32, shaped `[blocks,
+    BLOCK]`, the last block padded with zeros) and their scales (float32,
+    `[blocks, 1]`)."""
     ops = keras.ops
     flat = ops.concatenate(
         [ops.reshape(ops.cast(v, "float32"), [-1]) for v in values], 0
     )
-    size = flat.shape[0]
-    padding = -size % BLOCK
+    padding = -flat.shape[0] % BLOCK
     blocks = ops.reshape(ops.pad(flat, [[0, padding]]), [-1, BLOCK])
     levels = LEVELS[communication_dtype]
     scales = ops.max(ops.abs(blocks), axis=1, keepdims=True) / levels
     safe = ops.where(scales > 0, scales, ops.ones_like(scales))
     integers = ops.clip(ops.round(blocks / safe), -levels, levels)
-    arrived = ops.reshape(integers * scales, [-1])[:size]
+    return integers, scales
+
+
+def decoded(integers, scales):
+    """The numbers `integers` and `scales` (`encode`'s) stand for: a flat
+    float32 tensor, padding included."""
+    return keras.ops.reshape(integers * scales, [-1])
+
+
+def cut(flat, like):
+    """A flat tensor cut into tensors of the shapes and dtypes of `like`."""
     out, offset = [], 0
-    for value in values:
+    for value in like:
         count = math.prod(value.shape)
-        piece = ops.reshape(arrived[offset : offset + count], value.shape)
-        out.append(ops.cast(piece, value.dtype))
+        piece = keras.ops.reshape(flat[offset : offset + count], value.shape)
+        out.append(keras.ops.cast(piece, value.dtype))
         offset += count
     return out
 
 
-def with_error_feedback(values, residuals, communication_dtype):
-    """`values` plus `residuals` quantized (`round_trip`), and what
-    quantization dropped: `(arrived, residuals)`."""
-    corrected = [v + r for v, r in zip(values, residuals)]
-    arrived = round_trip(corrected, communication_dtype)
-    return arrived, [c - a for c, a in zip(corrected, arrived)]
+def round_trip(values, communication_dtype):
+    """`values` (a commit) as they arrive after quantization to
+    `communication_dtype`, in their own dtypes."""
+    return cut(decoded(*encode(values, communication_dtype)), values)
 
 
 def payload_bytes(size, communication_dtype):

@@ -22,6 +22,7 @@ from keras_clones import gradients
 from keras_clones import process_axis
 from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import tf
+from keras_clones.agn import quantization
 from keras_clones.conditional import run_if
 
 
@@ -111,6 +112,25 @@ class StrategyReplicas:
         axis."""
         context = tf.distribute.get_replica_context()
         return context.all_gather(value[None], 0)
+
+    # 8- and 4-bit commits travel in the all-gather form.
+    carries_quantized = True
+
+    def all_reduce_quantized(self, reduce_op, integers, scales, dtype):
+        """In a replica: every replica's quantized commit (`integers` and
+        `scales`, `quantization.encode`'s), reduced (`"sum"` or `"mean"`)
+        in float32, flat. One all-gather carries them: the integers packed
+        four (int8) or eight (int4) to an int32, the scales bitcast beside
+        them; each replica adds them up in the same order."""
+        if self.count == 1:
+            return quantization.decoded(integers, scales)
+        every = self.all_gather(_packed(integers, scales, dtype))
+        total = 0.0
+        for replica in range(self.count):
+            total += quantization.decoded(
+                *_unpacked(every[replica], integers.shape[0], dtype)
+            )
+        return total if reduce_op == "sum" else total / self.count
 
     def read_own(self, variable):
         """In a replica: its own value of a variable it holds alone."""
@@ -204,6 +224,15 @@ class KerasReplicas:
     def read_own(self, variable):
         return gradients.read(variable)
 
+    @property
+    def carries_quantized(self):
+        """Whether 8- and 4-bit commits travel: in one process."""
+        return process_axis.workers() is None
+
+    def all_reduce_quantized(self, reduce_op, integers, scales, dtype):
+        """One process's quantized commit, as it arrives, flat."""
+        return quantization.decoded(integers, scales)
+
     def outside_a_step(self, strategy, fn, key):
         """`fn()`, at once."""
         fn()
@@ -220,6 +249,36 @@ class KerasReplicas:
                 self._enclosing.pop()
 
         run_if(pred, within, writes=writes)
+
+
+def _packed(integers, scales, dtype):
+    """`quantization.encode`'s integers and scales as one int32 vector."""
+    values = tf.cast(tf.reshape(integers, [-1]), tf.int8)
+    if dtype == "int4":  # Two to a byte, each offset to 1..15.
+        pairs = tf.reshape(tf.cast(values + 8, tf.uint8), [-1, 2])
+        values = tf.bitcast(
+            tf.bitwise.bitwise_or(
+                pairs[:, 0], tf.bitwise.left_shift(pairs[:, 1], 4)
+            ),
+            tf.int8,
+        )
+    words = tf.bitcast(tf.reshape(values, [-1, 4]), tf.int32)
+    return tf.concat([words, tf.bitcast(tf.reshape(scales, [-1]), tf.int32)], 0)
+
+
+def _unpacked(words, blocks, dtype):
+    """`_packed`'s vector back as `(integers, scales)` of `blocks` blocks."""
+    count = blocks * quantization.BLOCK * quantization.BITS[dtype] // 32
+    values = tf.reshape(tf.bitcast(words[:count], tf.int8), [-1])
+    if dtype == "int4":
+        values = tf.bitcast(values, tf.uint8)
+        low = tf.bitwise.bitwise_and(values, 15)
+        high = tf.bitwise.right_shift(values, 4)
+        values = tf.reshape(tf.stack([low, high], 1), [-1])
+        values = tf.cast(values, tf.int8) - 8
+    integers = tf.reshape(tf.cast(values, tf.float32), [blocks, -1])
+    scales = tf.reshape(tf.bitcast(words[count:], tf.float32), [blocks, 1])
+    return integers, scales
 
 
 def for_this_backend(writes):

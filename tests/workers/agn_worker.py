@@ -4,7 +4,7 @@ Each worker trains a CloneModel of 2 clones with AGN(SGD with momentum) at
 communication periods 1 and 3 (the default rule), and at period 3 with the
 Hermans and DiLoCo rules and with a bfloat16 all-reduce, and with overlapped
 commits at period 2 (one execution a period), and with 2 and 4 fragments at
-period 4, without and with overlap; it saves to
+period 4, without and with overlap, and in int8 and int4; it saves to
 `OUT/agn_worker_<i>.npz` its local weights, global centers, logs and the
 batches it was fed. With `--reference` it instead computes, in one process
 and by hand, what the workers should hold, from the batches they saved (the
@@ -26,6 +26,7 @@ from common import layers
 from common import multi_worker_strategy
 from common import replayed_on_the_mlp
 from common import run
+from helpers import recording_quanta
 from reference import optimizers
 
 import keras_clones
@@ -60,6 +61,16 @@ RUNS = {
     "fragments_diloco": (
         4,
         {"fragments": 4, "commit": "weight_change", "normalize": False},
+        (0.7, 0.9, True),
+    ),
+    "int8": (3, {"communication_dtype": "int8"}, None),
+    "int4_diloco": (
+        3,
+        {
+            "commit": "weight_change",
+            "normalize": False,
+            "communication_dtype": "int4",
+        },
         (0.7, 0.9, True),
     ),
 }
@@ -132,9 +143,11 @@ def reference(out):
     arrays = {}
     for name, (period, options, outer) in RUNS.items():
         outer_by_hand = outer and (lambda: optimizers.SGD(*outer))
-        local, center = replayed_on_the_mlp(
-            x, y, period, sgd_by_hand, outer_by_hand, **options
-        )
+        with recording_quanta() as quanta:
+            local, center = replayed_on_the_mlp(
+                x, y, period, sgd_by_hand, outer_by_hand, **options
+            )
+        arrays[f"{name}_quantum"] = quanta[0]
         for i, c in enumerate(center):
             arrays[f"{name}_center_{i}"] = c
         for w in range(WORKERS):
