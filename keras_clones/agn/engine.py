@@ -96,7 +96,6 @@ class PeriodEngine:
         (else the caller did: `start_from_model`)."""
         replicas = self.replicas
         replicas.check_step_context()
-        self._check_quantized_here()
         if starts:
             kept = [v for v in variables if not gradients.overwrites(v)]
             replicas.merge_call(self._start_from_model, kept)
@@ -114,18 +113,6 @@ class PeriodEngine:
         pairs = [(g, v) for g, v in pairs if not gradients.overwrites(v)]
         replicas.merge_call(self._count_step, pairs, hooks, applied)
         self._count_iterations(1)
-
-    def _check_quantized_here(self):
-        """Refuses 8- and 4-bit commits where the backend's collectives do
-        not carry them yet."""
-        if self.config.quantized and not self.replicas.carries_quantized:
-            raise NotImplementedError(
-                "`communication_dtype="
-                f"{self.config.communication_dtype!r}` runs in one process "
-                "and across TensorFlow workers for now, not across JAX "
-                'processes. Use `communication_dtype="bfloat16"` or '
-                '`"float16"` there, or None.'
-            )
 
     def _start_from_model(self, variables):
         # On the first step the centers take the model's values: weights

@@ -43,6 +43,14 @@ def encode(values, communication_dtype):
     )
     padding = -flat.shape[0] % BLOCK
     blocks = ops.reshape(ops.pad(flat, [[0, padding]]), [-1, BLOCK])
+    return encode_blocks(blocks, communication_dtype)
+
+
+def encode_blocks(blocks, communication_dtype):
+    """`encode` of numbers already in blocks (float32, `[blocks, BLOCK]`):
+    what reduces a commit that travelled (JAX's reduce-scatter form)
+    quantizes again."""
+    ops = keras.ops
     levels = LEVELS[communication_dtype]
     scales = ops.max(ops.abs(blocks), axis=1, keepdims=True) / levels
     safe = ops.where(scales > 0, scales, ops.ones_like(scales))

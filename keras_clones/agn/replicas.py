@@ -113,9 +113,6 @@ class StrategyReplicas:
         context = tf.distribute.get_replica_context()
         return context.all_gather(value[None], 0)
 
-    # 8- and 4-bit commits travel in the all-gather form.
-    carries_quantized = True
-
     def all_reduce_quantized(self, reduce_op, integers, scales, dtype):
         """In a replica: every replica's quantized commit (`integers` and
         `scales`, `quantization.encode`'s), reduced (`"sum"` or `"mean"`)
@@ -224,14 +221,15 @@ class KerasReplicas:
     def read_own(self, variable):
         return gradients.read(variable)
 
-    @property
-    def carries_quantized(self):
-        """Whether 8- and 4-bit commits travel: in one process."""
-        return process_axis.workers() is None
-
     def all_reduce_quantized(self, reduce_op, integers, scales, dtype):
-        """One process's quantized commit, as it arrives, flat."""
-        return quantization.decoded(integers, scales)
+        """The processes' quantized commits reduced, flat
+        (`process_axis.quantized_reduction`); one process's as it
+        arrives."""
+        if process_axis.workers() is None:
+            return quantization.decoded(integers, scales)
+        return process_axis.quantized_reduction(
+            integers, scales, dtype, reduce_op
+        )
 
     def outside_a_step(self, strategy, fn, key):
         """`fn()`, at once."""

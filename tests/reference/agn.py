@@ -125,6 +125,7 @@ def agn(
     normalize=True,
     communication_dtype=None,
     error_feedback=None,
+    requantized=False,
     fragments=1,
     overlap=False,
     mixing=0.5,
@@ -144,6 +145,9 @@ def agn(
         error_feedback: with `communication_dtype` "int8" or "int4", each
             worker adds to its commit what quantization dropped from its
             last one; None: with "int4" only.
+        requantized: with "int8" or "int4", the workers' mean quantized
+            again before it moves the centers, as its owner does in JAX's
+            reduce-scatter form (across processes).
         skipped: (worker, step) pairs that take no local step and
             accumulate nothing, yet count toward the period.
         reads: under parameter servers (one worker, one fragment, no
@@ -224,6 +228,8 @@ def agn(
                         r[part] = s - a
                 sent = arrived
             mean = mean_commit(sent, communication_dtype)
+            if requantized and communication_dtype in QUANTIZED:
+                mean = quantized(mean, communication_dtype)
             rounds += 1
             for a in accumulated:
                 a[part] = 0.0

@@ -34,6 +34,17 @@ VARIANTS["contrib_fragments"] = (
     *RULES["contrib"][1:],
 )
 VARIANTS["contrib_nan"] = RULES["contrib"]
+# 8- and 4-bit commits (tests_jax/test_agn_across_processes.py checks them
+# at a tolerance of their own).
+VARIANTS["diloco_int8"] = (
+    dict(_DILOCO[0], communication_dtype="int8"),
+    *_DILOCO[1:],
+)
+VARIANTS["contrib_int4_fragments"] = (
+    dict(RULES["contrib"][0], communication_dtype="int4", fragments=2),
+    *RULES["contrib"][1:],
+)
+QUANTIZED = ("diloco_int8", "contrib_int4_fragments")
 VARIANTS["diloco_lazy"] = RULES["diloco"]  # A subclassed model built late.
 
 
@@ -106,6 +117,7 @@ def by_hand(name, start, workers=2, resize=None):
         workers=workers,
         skipped=skipped,
         resize=resize,
+        requantized=True,  # Its owner's, in the reduce-scatter form.
         **options,
     )
 
