@@ -180,10 +180,19 @@ def test_jit_compile_matches_eager_graph():
     assert_same_weights(reference, model, atol=1e-5)
 
 
-def test_resume_from_saved_model_mid_period(tmp_path):
-    uninterrupted = fitted(AGNOptimizer(keras.optimizers.Adam(0.01), 4), 3)
-    first = fitted(AGNOptimizer(keras.optimizers.Adam(0.01), 4), 1)
+@pytest.mark.parametrize(
+    "options", [{}, {"communication_dtype": "int4"}], ids=["float32", "int4"]
+)
+def test_resume_from_saved_model_mid_period(tmp_path, options):
+    def agn():
+        return AGNOptimizer(keras.optimizers.Adam(0.01), 4, **options)
+
+    uninterrupted = fitted(agn(), 3)
+    first = fitted(agn(), 1)
     assert int(first.optimizer.local_step.numpy()) % 4 != 0  # Mid-period.
+    if options:  # What int4 dropped, fed back: saved with the rest.
+        kinds, arrays = first.optimizer.worker_state()
+        assert np.any(arrays[kinds.index("residual")])
     first.save(tmp_path / "agn.keras")
     resumed = keras.models.load_model(tmp_path / "agn.keras")
     assert isinstance(resumed.optimizer, AGNOptimizer)

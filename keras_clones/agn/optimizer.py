@@ -76,8 +76,8 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         communication_dtype: `None` (the variables' dtype, bit-exact),
             `"float32"`, `"bfloat16"` or `"float16"`: the dtype each commit
             is rounded to and all-reduced in; `"int8"` or `"int4"`: 8- or
-            4-bit integers with a float32 scale per 128 numbers, not yet
-            under parameter servers (docs/agn.md#8-bit-and-4-bit-commits).
+            4-bit integers with a float32 scale per 128 numbers (see
+            docs/agn.md#8-bit-and-4-bit-commits).
         overlap: Whether each period's commit is applied one period late,
             at the end of the next period, so that across workers its
             all-reduce travels while the next period's local steps compute

@@ -23,6 +23,7 @@ from keras_clones import process_axis
 from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import tf
 from keras_clones.agn import quantization
+from keras_clones.agn import tensorflow_wire
 from keras_clones.conditional import run_if
 
 
@@ -121,11 +122,13 @@ class StrategyReplicas:
         them; each replica adds them up in the same order."""
         if self.count == 1:
             return quantization.decoded(integers, scales)
-        every = self.all_gather(_packed(integers, scales, dtype))
+        every = self.all_gather(tensorflow_wire.packed(integers, scales, dtype))
         total = 0.0
         for replica in range(self.count):
             total += quantization.decoded(
-                *_unpacked(every[replica], integers.shape[0], dtype)
+                *tensorflow_wire.unpacked(
+                    every[replica], integers.shape[0], dtype
+                )
             )
         return total if reduce_op == "sum" else total / self.count
 
@@ -247,36 +250,6 @@ class KerasReplicas:
                 self._enclosing.pop()
 
         run_if(pred, within, writes=writes)
-
-
-def _packed(integers, scales, dtype):
-    """`quantization.encode`'s integers and scales as one int32 vector."""
-    values = tf.cast(tf.reshape(integers, [-1]), tf.int8)
-    if dtype == "int4":  # Two to a byte, each offset to 1..15.
-        pairs = tf.reshape(tf.cast(values + 8, tf.uint8), [-1, 2])
-        values = tf.bitcast(
-            tf.bitwise.bitwise_or(
-                pairs[:, 0], tf.bitwise.left_shift(pairs[:, 1], 4)
-            ),
-            tf.int8,
-        )
-    words = tf.bitcast(tf.reshape(values, [-1, 4]), tf.int32)
-    return tf.concat([words, tf.bitcast(tf.reshape(scales, [-1]), tf.int32)], 0)
-
-
-def _unpacked(words, blocks, dtype):
-    """`_packed`'s vector back as `(integers, scales)` of `blocks` blocks."""
-    count = blocks * quantization.BLOCK * quantization.BITS[dtype] // 32
-    values = tf.reshape(tf.bitcast(words[:count], tf.int8), [-1])
-    if dtype == "int4":
-        values = tf.bitcast(values, tf.uint8)
-        low = tf.bitwise.bitwise_and(values, 15)
-        high = tf.bitwise.right_shift(values, 4)
-        values = tf.reshape(tf.stack([low, high], 1), [-1])
-        values = tf.cast(values, tf.int8) - 8
-    integers = tf.reshape(tf.cast(values, tf.float32), [blocks, -1])
-    scales = tf.reshape(tf.bitcast(words[count:], tf.float32), [blocks, 1])
-    return integers, scales
 
 
 def for_this_backend(writes):

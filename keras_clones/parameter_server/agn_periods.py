@@ -7,7 +7,8 @@ global centers from the parameter servers, and for each period takes
 `communication_period` inner steps on tensors (`inner_optimizer`: Keras's
 own, with the worker's own inner-optimizer state) and makes the commit of
 the `AGNOptimizer`'s rule (the period's gradients or weight change, divided
-by the period if `normalize`, in `communication_dtype`). Its first period
+by the period if `normalize`, in `communication_dtype`; in 8 or 4 bits
+with error feedback, its residual kept by the worker). Its first period
 starts from the centers read; each later one from where its own commits
 moved them, by the outer optimizer on tensors from its state read with the
 centers, as the coordinator will apply them (under delayed Nesterov, by the
@@ -23,11 +24,14 @@ loss or gradients are not finite, and sends the step's verdict
 step's verdict, then the commit.
 """
 
+import math
 import typing
 
 import tensorflow as tf
 
 from keras_clones.agn import core
+from keras_clones.agn import quantization
+from keras_clones.agn import tensorflow_wire
 from keras_clones.parameter_server.inner_optimizer import WorkerInnerOptimizer
 from keras_clones.parameter_server.worker_values import kept_unless_skipped
 from keras_clones.parameter_server.worker_values import read_values
@@ -100,6 +104,14 @@ class AGNPeriods:
             self._outer.read_source_state()  # Its errors, now.
         with model.distribute_strategy.scope():
             self._state = self._inner.create_state()
+            # What quantization dropped from the worker's last commit (with
+            # error feedback): a restarted worker starts again from none.
+            self._residuals = []
+            if optimizer.core_config.error_feedback:
+                self._residuals = [
+                    tf.Variable(tf.zeros_like(v), per_worker_variable=True)
+                    for v in self._variables
+                ]
 
     def start(self):
         self.optimizer.start_from_model(self._variables)
@@ -114,6 +126,7 @@ class AGNPeriods:
         steps, commits = [], []
         period = self._period
         config = self.optimizer.core_config
+        residuals = [r.read_value() for r in self._residuals] or None
         for p in range(self._periods):
             for k in range(period):
                 copy, step = self._local_step(
@@ -121,23 +134,51 @@ class AGNPeriods:
                 )
                 steps.append(step)
             state, values = core.commit(config, copy.agn(centers, outer_state))
-            sent = config.to_send(values)
+            values, residuals = core.with_feedback(config, values, residuals)
+            sent = self._sent(values)
             commits.append(sent)
             if p < self._periods - 1:
-                state = self._moved(state, sent, step)
+                state = self._moved(state, self._arrived(sent), step)
                 centers, outer_state = state.centers, state.outer
                 copy = copy.with_agn(state)
-        with tf.control_dependencies(self._kept_by_worker(copy)):
+        kept = self._kept_by_worker(copy)
+        kept += [r.assign(v) for r, v in zip(self._residuals, residuals or [])]
+        with tf.control_dependencies(kept):
             commits = tf.nest.map_structure(tf.identity, commits)
         return {"commits": commits, "steps": steps}
 
-    def _moved(self, state, commit, last_step):
-        """The worker's `core.State` after its `commit` (as it travels) is
-        applied, as the coordinator applies it (not where the guard will
-        skip it: a commit not finite; with a period of 1, a skipped step),
-        and its local weights restart from the centers."""
+    def _sent(self, values):
+        """A commit as it travels to the coordinator: in
+        `communication_dtype`; quantized, one int32 vector of its integers
+        and scales (`tensorflow_wire`)."""
         config = self.optimizer.core_config
-        received = config.received(commit, [v.dtype for v in self._variables])
+        if not config.quantized:
+            return config.to_send(values)
+        dtype = config.communication_dtype
+        return tensorflow_wire.packed(
+            *quantization.encode(values, dtype), dtype
+        )
+
+    def _arrived(self, sent):
+        """A commit `_sent` made, as the coordinator applies it."""
+        config = self.optimizer.core_config
+        if not config.quantized:
+            return config.received(sent, [v.dtype for v in self._variables])
+        dtype = config.communication_dtype
+        size = sum(math.prod(v.shape) for v in self._variables)
+        blocks = -(-size // quantization.BLOCK)
+        integers, scales = tensorflow_wire.unpacked(sent, blocks, dtype)
+        return quantization.cut(
+            quantization.decoded(integers, scales), self._variables
+        )
+
+    def _moved(self, state, received, last_step):
+        """The worker's `core.State` after its commit (`received`, as the
+        coordinator applies it) is applied, as the coordinator applies it
+        (not where the guard will skip it: a commit not finite; with a
+        period of 1, a skipped step), and its local weights restart from
+        the centers."""
+        config = self.optimizer.core_config
         applied = None
         if last_step.finite is not None:  # A guard.
             finite = finiteness(None, received)
@@ -227,9 +268,7 @@ class AGNPeriods:
 
     def _apply_period(self, steps, commit):
         model = self.model
-        commit = self.optimizer.core_config.received(
-            commit, [v.dtype for v in self._variables]
-        )
+        commit = self._arrived(commit)
         logs = {}
         # The optimizer steps this commit counts, numbered as the
         # coordinator counts them: `iterations` before each local step.

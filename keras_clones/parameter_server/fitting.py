@@ -225,13 +225,6 @@ def check_agn(optimizer, steps, per_call=1):
             "applies its whole commit when it arrives. Create the "
             "AGNOptimizer with `overlap=False` and `fragments=1`."
         )
-    if optimizer.core_config.quantized:
-        raise NotImplementedError(
-            "Under ParameterServerStrategy commits travel as they are, not "
-            "quantized: `communication_dtype="
-            f"{optimizer.communication_dtype!r}` runs in one process for "
-            'now. Use `communication_dtype="bfloat16"`, `"float16"` or None.'
-        )
     period = optimizer.communication_period
     if per_call != 1 and per_call % period:
         raise ValueError(

@@ -144,6 +144,19 @@ def compare(strategy, make, reference, optimizer, per_call=1):
     }
 
 
+def diloco_adamw(**options):
+    """DiLoCo at period 3: inner AdamW, outer Nesterov SGD, with
+    `options`."""
+    return keras_clones.AGNOptimizer(
+        keras.optimizers.AdamW(0.01, weight_decay=0.1),
+        communication_period=3,
+        outer_optimizer=keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),
+        commit="weight_change",
+        normalize=False,
+        **options,
+    )
+
+
 AGN_RULES = {
     # The contrib rule, inner Adam, its copy as the outer optimizer.
     "contrib_adam": lambda: keras_clones.AGNOptimizer(
@@ -167,12 +180,14 @@ AGN_RULES = {
         communication_period=3,
     ),
     # DiLoCo: the undivided weight change, inner AdamW, outer Nesterov.
-    "diloco_adamw": lambda: keras_clones.AGNOptimizer(
-        keras.optimizers.AdamW(0.01, weight_decay=0.1),
+    "diloco_adamw": lambda: diloco_adamw(),
+    # Commits in 4 bits with error feedback (the worker keeps its residual
+    # across scheduled functions), and in 8 bits.
+    "diloco_int4": lambda: diloco_adamw(communication_dtype="int4"),
+    "contrib_int8": lambda: keras_clones.AGNOptimizer(
+        keras.optimizers.Adam(0.01),
         communication_period=3,
-        outer_optimizer=keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),
-        commit="weight_change",
-        normalize=False,
+        communication_dtype="int8",
     ),
 }
 
