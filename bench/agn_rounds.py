@@ -3,9 +3,11 @@ on 2 workers.
 
 Synchronous training against the contrib rule, DiLoCo and model averaging
 at periods 4, 16 and 64 (and the best in bfloat16) on the MNIST MLP, 3
-seeds. What and how: docs/benchmarks/accuracy.md#agn_rounds.
+seeds; with `--quantized`, averaging p=64 and DiLoCo p=16 with 8- and
+4-bit commits, with and without error feedback, beside float32 and
+bfloat16. What and how: docs/benchmarks/accuracy.md#agn_rounds.
 
-    python bench/agn_rounds.py [--quick] [--lr-sweep] [--lr LR]
+    python bench/agn_rounds.py [--quick] [--lr-sweep] [--lr LR] [--quantized]
 """
 
 import json
@@ -52,7 +54,19 @@ FLAGS = [
         type=float,
         help=f"the inner learning rate of every rule (default: {RATES})",
     ),
+    harness.Flag(
+        "--quantized",
+        False,
+        help="8- and 4-bit commits, with and without error feedback, beside "
+        "float32 and bfloat16: averaging p=64 and DiLoCo p=16",
+    ),
 ]
+# `--quantized`: each configuration in each way its commits travel (a
+# communication_dtype, and " ef" / " no-ef" for error feedback on or off
+# against its default: off for int8, on for int4).
+QUANTIZED_CONFIGS = (("average", 64), ("diloco", 16))
+QUANTIZED_DTYPES = (None, "bfloat16", "int8", "int8 ef", "int4", "int4 no-ef")
+FEEDBACK = {"": None, "ef": True, "no-ef": False}
 
 
 def config_name(rule, period, dtype=None):
@@ -204,9 +218,17 @@ def worker(argv):
         meta.update(sync_epochs=sync_epochs, level_off=level_off)
         meta["epochs"] = epochs
         configs = [(r, p, None) for r in LOCAL_RULES for p in PERIODS]
-        for config in [QUICK_CONFIG] if args.quick else configs:
-            runs += [train(*config, seed, epochs) for seed in seeds]
-        if not args.quick:
+        if args.quantized:
+            configs = [
+                (rule, period, dtype)
+                for rule, period in QUANTIZED_CONFIGS
+                for dtype in QUANTIZED_DTYPES
+            ]
+        elif args.quick:
+            configs = [QUICK_CONFIG]
+        for seed in seeds:  # Seed by seed: each configuration's alike.
+            runs += [train(*config, seed, epochs) for config in configs]
+        if not args.quick and not args.quantized:
             best = best_local(analyse(runs, min(epochs, SYNC_EPOCHS))[1])
             period = trainer.agree(best["period"])
             rule = LOCAL_RULES[trainer.agree(LOCAL_RULES.index(best["rule"]))]
@@ -254,10 +276,12 @@ class Trainer:
         keras, agn = self.keras, self.keras_clones.AGNOptimizer
         if rule == "sync":
             return agn(keras.optimizers.Adam(lr), 1)
+        dtype, _, feedback = (dtype or "").partition(" ")
+        travel = {"communication_dtype": dtype or None}
+        if FEEDBACK[feedback] is not None:
+            travel["error_feedback"] = FEEDBACK[feedback]
         if rule == "contrib":
-            return agn(
-                keras.optimizers.Adam(lr), period, communication_dtype=dtype
-            )
+            return agn(keras.optimizers.Adam(lr), period, **travel)
         outer = DILOCO_OUTER if rule == "diloco" else {"learning_rate": 1.0}
         return agn(
             keras.optimizers.AdamW(lr),
@@ -265,7 +289,7 @@ class Trainer:
             commit="weight_change",
             normalize=False,
             outer_optimizer=keras.optimizers.SGD(**outer),
-            communication_dtype=dtype,
+            **travel,
         )
 
     def dataset(self, seed):
@@ -377,6 +401,7 @@ def measure(args):
     arguments = [__file__, harness.WORKER_FLAG]
     arguments += ["--lr", repr(args.lr)] if args.lr else []
     arguments += ["--quick"] * args.quick + ["--lr-sweep"] * args.lr_sweep
+    arguments += ["--quantized"] * args.quantized
     start = time.perf_counter()
     data = launching.chief_result(
         WORKERS,
@@ -389,6 +414,8 @@ def measure(args):
         return None
     meta = data["meta"]
     mode = "lr_sweep" if args.lr_sweep else "quick" if args.quick else "full"
+    if args.quantized and not args.quick:
+        mode = "quantized"
     meta.update(wall_s=time.perf_counter() - start, mode=mode)
     data["target"] = None
     if not args.lr_sweep:
@@ -521,6 +548,8 @@ def report(data, args):
         f"{meta['global_batch']}"
     )
     name = "agn_rounds_lr_sweep" if sweep else "agn_rounds"
+    if meta["mode"] == "quantized":
+        name = "agn_rounds_quantized"
     for x in ("all_reduces", "epoch"):
         harness.figure(
             os.path.join(args.figures, f"{name}_{x}.png"),
@@ -539,7 +568,8 @@ BENCHMARK = harness.Benchmark(
     "1,000 training digits (about a minute)",
     # `--lr-sweep` keeps its records apart from the full run's.
     record=lambda args: (
-        f"agn_rounds{'_lr_sweep' if args.lr_sweep else ''}.json"
+        f"agn_rounds{'_lr_sweep' if args.lr_sweep else ''}"
+        f"{'_quantized' if args.quantized else ''}.json"
     ),
     worker=worker,
 )

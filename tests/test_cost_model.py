@@ -446,9 +446,9 @@ def test_the_model_size_comes_from_one_of_model_bytes_and_params(capsys):
         "--dtype, or pass --params instead of --model-bytes."
     )
     assert refusal(capsys, model_bytes=None, params="1e3", dtype="fp16") == (
-        "--dtype must be one of float32, bfloat16, float16, float64 (what a "
-        "round sends each parameter as). Received: fp16. Pass e.g. --dtype "
-        "bfloat16, or leave it out for float32."
+        "--dtype must be one of float32, bfloat16, float16, float64, int8, "
+        "int4 (what a round sends each parameter as). Received: fp16. "
+        "Pass e.g. --dtype bfloat16, or leave it out for float32."
     )
     assert refusal(capsys, model_bytes=None, params="1.5") == (
         "--params must be a whole number (the model's parameters). "
@@ -537,4 +537,73 @@ def test_help_says_the_bandwidth_is_bits_per_second_with_a_unit(
         "workers unless --own-links" in out
     )
     assert "--params N the model's parameters, instead of --model-bytes" in out
-    assert "(AGNOptimizer's communication_dtype; default float32)" in out
+    assert "(AGNOptimizer's communication_dtype; default float32;" in out
+
+
+def test_an_all_gather_sends_each_payload_to_every_other_worker():
+    # The reduce-scatter form sends as a ring all-reduce: 2 (n - 1) / n of
+    # the payload a card; an all-gather n - 1 payloads.
+    for workers in (2, 3, 4):
+        ring = cost_model.ring_bytes(100.0, workers, shared_link=False)
+        gather = cost_model.ring_bytes(
+            100.0, workers, shared_link=False, form="all-gather"
+        )
+        scatter = cost_model.ring_bytes(
+            100.0, workers, shared_link=False, form="reduce-scatter"
+        )
+        assert scatter == ring == pytest.approx(200 * (workers - 1) / workers)
+        assert gather == 100.0 * (workers - 1)
+    # An all-gather is n - 1 ring steps, not 2 (n - 1).
+    assert mlp_cost(workers=4, form="all-gather").collective_overhead == (
+        3 * 0.004
+    )
+
+
+def test_int8_and_int4_params_travel_with_a_scale_per_128(capsys):
+    # 269,322 numbers: 2,105 blocks of 128, a float32 scale each.
+    code, out, _ = command(
+        capsys,
+        model_bytes=None,
+        params="269322",
+        dtype="int8",
+        form="all-gather",
+        workers="2",
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == (
+        "model: 269,322 parameters in int8 = 269,322 bytes + 8,420 bytes of "
+        "scales = 277,742 bytes a round"
+    )
+    # 2 payloads through the shared queue: 8 x 2 x 277,742 / 1e9 s.
+    assert lines[1].endswith(
+        "(all-gather; --own-links: a 1 Gbit/s card per worker)"
+    )
+    assert lines[2] == "round (one all-gather): 4.4 ms"
+    code, out, _ = command(
+        capsys, model_bytes=None, params="269322", dtype="int4"
+    )
+    assert code == 0
+    assert out.splitlines()[0] == (
+        "model: 269,322 parameters in int4 = 134,661 bytes + 8,420 bytes of "
+        "scales = 143,081 bytes a round"
+    )
+    assert out.splitlines()[2].startswith("round (one reduce-scatter): ")
+
+
+@pytest.mark.parametrize(
+    "dtype, form, message",
+    [
+        ("int8", "all-reduce", "Pass --form all-gather or --form reduce-"),
+        ("bfloat16", "all-gather", "Leave --form out, or pass --dtype int8"),
+        ("int8", "ring", "--form must be one of all-reduce, all-gather, "),
+    ],
+)
+def test_a_form_the_dtype_does_not_travel_in_is_refused(
+    capsys, dtype, form, message
+):
+    code, _, error = command(
+        capsys, model_bytes=None, params="269322", dtype=dtype, form=form
+    )
+    assert code == 2
+    assert message in error

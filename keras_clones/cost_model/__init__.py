@@ -147,14 +147,34 @@ def _check_steps_per_execution(steps_per_execution):
     return _check_count("steps_per_execution", steps_per_execution, 1)
 
 
-def ring_bytes(model_bytes, workers, shared_link=True):
-    """The bytes one ring all-reduce of `model_bytes` puts through the
-    narrowest queue: `2 (n - 1) / n` of the model through each worker's
-    card, or `2 (n - 1)` models through one queue that all workers share."""
+# How a round travels: a ring all-reduce (float commits); the all-gather
+# of TensorFlow's 8- and 4-bit commits (each worker's payload to every
+# other); the reduce-scatter form of JAX's (all-to-all, then all-gather).
+FORMS = ("all-reduce", "all-gather", "reduce-scatter")
+
+
+def _check_form(form):
+    if form not in FORMS:
+        raise ValueError(
+            f"`form` must be one of {', '.join(map(repr, FORMS))}: how a "
+            f"round travels. Received: {form!r}."
+        )
+    return form
+
+
+def ring_bytes(model_bytes, workers, shared_link=True, form="all-reduce"):
+    """The bytes one round of `model_bytes` (each worker's payload) puts
+    through the narrowest queue, in `form`: a ring all-reduce or the
+    reduce-scatter form sends `2 (n - 1) / n` of it through each worker's
+    card, an all-gather `n - 1` payloads; through one queue that all
+    workers share, `n` times that."""
     model_bytes = _check_number("model_bytes", model_bytes, "bytes")
     workers = _check_workers(workers)
     _check_shared_link(shared_link)
-    per_worker = 2 * (workers - 1) / workers * model_bytes
+    if _check_form(form) == "all-gather":
+        per_worker = (workers - 1) * model_bytes
+    else:
+        per_worker = 2 * (workers - 1) / workers * model_bytes
     return per_worker * workers if shared_link else per_worker
 
 
@@ -173,6 +193,10 @@ class StepCost:
         shared_link: True if all workers' traffic passes one queue (one
             link, a shaped loopback); False if each worker has a network
             card of its own at the given bandwidth.
+        form: How a round travels (`FORMS`): `"all-reduce"` (a ring, the
+            default), or for 8- and 4-bit commits `"all-gather"`
+            (TensorFlow's) or `"reduce-scatter"` (JAX's). Synchronous
+            training (period 1) is taken to send alike.
     """
 
     compute_seconds: float
@@ -180,16 +204,26 @@ class StepCost:
     model_bytes: float
     workers: int
     shared_link: bool = True
+    form: str = "all-reduce"
 
     def __post_init__(self):
         _check_number("compute_seconds", self.compute_seconds, "seconds")
         _check_number("hop_seconds", self.hop_seconds, "seconds", zero=True)
-        ring_bytes(self.model_bytes, self.workers, self.shared_link)
+        ring_bytes(self.model_bytes, self.workers, self.shared_link, self.form)
 
     @property
     def collective_overhead(self):
-        """One collective's overhead: `2 (n - 1)` ring steps."""
-        return 2 * (self.workers - 1) * self.hop_seconds
+        """One collective's overhead: `2 (n - 1)` ring steps (`n - 1` for
+        an all-gather)."""
+        steps = self.workers - 1
+        if self.form != "all-gather":
+            steps *= 2
+        return steps * self.hop_seconds
+
+    def _round_bytes(self):
+        return ring_bytes(
+            self.model_bytes, self.workers, self.shared_link, self.form
+        )
 
     def round_seconds(self, bandwidth, burst_bytes=0.0, idle_seconds=math.inf):
         """One all-reduce of the model at `bandwidth` bits per second (None:
@@ -207,7 +241,7 @@ class StepCost:
         if bandwidth is None:
             return self.collective_overhead
         bandwidth = _check_number("bandwidth", bandwidth, "bits per second")
-        queued = ring_bytes(self.model_bytes, self.workers, self.shared_link)
+        queued = self._round_bytes()
         credit = min(burst_bytes, bandwidth * idle_seconds / 8)
         transfer = 8 * max(0.0, queued - credit) / bandwidth
         return self.collective_overhead + transfer
@@ -279,7 +313,7 @@ class StepCost:
         transfer = needed - self.collective_overhead
         if transfer <= 0:
             return math.inf
-        bits = 8 * ring_bytes(self.model_bytes, self.workers, self.shared_link)
+        bits = 8 * self._round_bytes()
         return bits / transfer
 
 

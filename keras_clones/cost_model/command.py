@@ -10,10 +10,15 @@ import re
 import sys
 
 from keras_clones.cost_model import _RATE_UNITS
+from keras_clones.cost_model import FORMS
 from keras_clones.cost_model import StepCost
 from keras_clones.cost_model import format_bandwidth
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+# 8- and 4-bit commits: their bits per number, and a float32 scale per
+# block of 128 numbers (keras_clones.agn.quantization, which imports Keras).
+QUANTIZED_BITS, BLOCK, SCALE_BYTES = {"int8": 8, "int4": 4}, 128, 4
+DTYPES = (*DTYPE_BYTES, *QUANTIZED_BITS)
 
 _PROG = "python -m keras_clones.cost_model"
 _BIT_UNITS = "bit, kbit, mbit, gbit or tbit; '/s' optional"
@@ -38,6 +43,8 @@ examples:
       --compute-ms 3 --workers 8 --bandwidth 1gbit --own-links
   {_PROG} --params 269322 --dtype bfloat16 \\
       --compute-ms 3 --workers 8 --bandwidth 100mbit
+  {_PROG} --params 269322 --dtype int8 --form all-gather \\
+      --compute-ms 3 --workers 2 --bandwidth 100mbit
 
 Without --own-links, all workers' traffic shares one queue at --bandwidth
 (one link, one switch port, a shaped loopback): a ring all-reduce puts
@@ -194,33 +201,72 @@ def _model_bytes(args):
     params = _option_count(
         "--params", args.params, "the model's parameters", "269322", 1
     )
-    dtype = "float32" if args.dtype is None else args.dtype
-    if dtype.lower() not in DTYPE_BYTES:
+    dtype = "float32" if args.dtype is None else args.dtype.lower()
+    if dtype not in DTYPES:
         raise _OptionError(
-            f"--dtype must be one of {', '.join(DTYPE_BYTES)} (what a round "
-            f"sends each parameter as). Received: {dtype}. Pass e.g. --dtype "
-            "bfloat16, or leave it out for float32."
+            f"--dtype must be one of {', '.join(DTYPES)} (what a round "
+            f"sends each parameter as). Received: {args.dtype}. Pass e.g. "
+            "--dtype bfloat16, or leave it out for float32."
         )
-    size = DTYPE_BYTES[dtype.lower()]
+    if dtype in QUANTIZED_BITS:
+        values = math.ceil(params * QUANTIZED_BITS[dtype] / 8)
+        scales = SCALE_BYTES * math.ceil(params / BLOCK)
+        model_bytes = float(values + scales)
+        return model_bytes, (
+            f"model: {_format_count(params)} parameters in {dtype} = "
+            f"{_format_count(values)} bytes + {_format_count(scales)} bytes "
+            f"of scales = {_format_count(model_bytes)} bytes a round"
+        )
+    size = DTYPE_BYTES[dtype]
     model_bytes = float(params * size)
     return model_bytes, (
         f"model: {_format_count(params)} parameters x {size} bytes "
-        f"({dtype.lower()}) = {_format_count(model_bytes)} bytes a round"
+        f"({dtype}) = {_format_count(model_bytes)} bytes a round"
     )
 
 
-def _link_line(bandwidth, workers, shared_link):
+def _form(args):
+    """How a round travels: `--form`, checked against `--dtype` (8- and
+    4-bit commits are all-gathered or reduce-scattered, floats
+    all-reduced); by default all-reduce, or reduce-scatter in int8/int4."""
+    quantized = (args.dtype or "").lower() in QUANTIZED_BITS
+    if args.form is None:
+        return "reduce-scatter" if quantized else "all-reduce"
+    if args.form not in FORMS:
+        raise _OptionError(
+            f"--form must be one of {', '.join(FORMS)} (how a round "
+            f"travels). Received: {args.form}. Pass e.g. --form all-gather."
+        )
+    if quantized and args.form == "all-reduce":
+        raise _OptionError(
+            f"--dtype {args.dtype} commits are not all-reduced: TensorFlow "
+            "all-gathers them, JAX reduce-scatters them. Received: --form "
+            "all-reduce. Pass --form all-gather or --form reduce-scatter."
+        )
+    if args.dtype and not quantized and args.form != "all-reduce":
+        raise _OptionError(
+            f"--dtype {args.dtype} commits are all-reduced. Received: --form "
+            f"{args.form}. Leave --form out, or pass --dtype int8 or int4."
+        )
+    return args.form
+
+
+def _link_line(bandwidth, workers, shared_link, form):
     rate = format_bandwidth(bandwidth)
+    each = 2 * (workers - 1) / workers
+    if form == "all-gather":
+        each = workers - 1
+    how = "" if form == "all-reduce" else f"{form}; "
     if shared_link:
         return (
             f"link model: shared link, one {rate} queue for all {workers} "
-            f"workers, {2 * (workers - 1)} models a round through it "
-            f"(--own-links: a {rate} card per worker)"
+            f"workers, {each * workers:.3g} models a round through it "
+            f"({how}--own-links: a {rate} card per worker)"
         )
     return (
         f"link model: own links, a {rate} card per worker, "
-        f"{2 * (workers - 1) / workers:.3g} of a model a round through each "
-        "(without --own-links: one queue shared by all)"
+        f"{each:.3g} of a model a round through each "
+        f"({how}without --own-links: one queue shared by all)"
     )
 
 
@@ -245,8 +291,14 @@ def _parser():
     parser.add_argument(
         "--dtype",
         help=f"with --params: what a round sends each parameter as, one of "
-        f"{', '.join(DTYPE_BYTES)} (AGNOptimizer's communication_dtype; "
-        "default float32)",
+        f"{', '.join(DTYPES)} (AGNOptimizer's communication_dtype; "
+        "default float32; int8 and int4 with a float32 scale per 128)",
+    )
+    parser.add_argument(
+        "--form",
+        help=f"how a round travels, one of {', '.join(FORMS)}: floats are "
+        "all-reduced; int8 and int4 all-gathered (TensorFlow) or "
+        "reduce-scattered (JAX, the default for them)",
     )
     parser.add_argument(
         "--compute-ms",
@@ -361,6 +413,7 @@ def main(argv=None):
             model_bytes,
             workers,
             shared_link=not args.own_links,
+            form=_form(args),
         )
         synchronous = cost.step_seconds(1, bandwidth, execution)
         agn = cost.step_seconds(period, bandwidth, execution)
@@ -371,8 +424,8 @@ def main(argv=None):
         parser.error(str(error))
     round_ = cost.round_seconds(bandwidth)
     print(model_line)
-    print(_link_line(bandwidth, workers, cost.shared_link))
-    print(f"round (one all-reduce): {1e3 * round_:.1f} ms")
+    print(_link_line(bandwidth, workers, cost.shared_link, cost.form))
+    print(f"round (one {cost.form}): {1e3 * round_:.1f} ms")
     print(f"synchronous: {1e3 * synchronous:.2f} ms per step")
     print(f"AGN period {period}: {1e3 * agn:.2f} ms per step")
     print(
