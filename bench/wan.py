@@ -53,6 +53,24 @@ QUICK_PLAN = dict(
     sync_steps_per_cell=10,
     repeats=1,
 )
+# `--quantized`: averaging p=64 with its commits in float32, bfloat16, int8
+# and int4 (error feedback at its defaults), against synchronous training,
+# on the unshaped link, 100 and 10 Mbit/s.
+QUANTIZED_LINKS = ("unshaped", "100mbit", "10mbit")
+QUANTIZED_PLAN = dict(
+    PLAN,
+    configs=[
+        ("sync", 1),
+        ("average", 64),
+        ("average", 64, "bfloat16"),
+        ("average", 64, "int8"),
+        ("average", 64, "int4"),
+    ],
+    bfloat16=False,
+    periods_per_cell=10,
+    sync_steps_per_cell=20,
+    repeats=1,
+)
 TIMEOUT = 2700  # Seconds before the launch is stopped.
 
 
@@ -68,16 +86,22 @@ def milliseconds(text):
 
 FLAGS = [
     harness.Flag(
+        "--quantized",
+        False,
+        help="averaging p=64 in float32, bfloat16, int8 and int4 against "
+        "synchronous training, on the unshaped link, 100 and 10 Mbit/s",
+    ),
+    harness.Flag(
         "--large-model-compute-ms",
         100.0,
         type=milliseconds,
         metavar="MS",
         help="compute per step of the 100 MB model in the extrapolation",
-    )
+    ),
 ]
 
 
-def launch_on_links(script, links, quick, timeout):
+def launch_on_links(script, links, quick, timeout, **settings):
     """Runs the `WORKERS` workers of `script` (settings `links` and `quick`)
     in a network namespace whose loopback the chief shapes to `links`;
     where none can be made, on the unshaped loopback only.
@@ -104,7 +128,9 @@ def launch_on_links(script, links, quick, timeout):
             print(f"Link {netns.LINKS[link].describe()}.", flush=True)
         data = launching.chief_result(
             WORKERS,
-            launching.worker_arguments(script, links=links, quick=quick),
+            launching.worker_arguments(
+                script, links=links, quick=quick, **settings
+            ),
             timeout,
             f"{name}'s launch",
             env=dict(os.environ, KERAS_BACKEND="tensorflow"),
@@ -122,6 +148,8 @@ def worker(argv):
     import wan_worker
 
     plan = dict(QUICK_PLAN if settings.quick else PLAN)
+    if getattr(settings, "quantized", False) and not settings.quick:
+        plan = dict(QUANTIZED_PLAN)
     if plan["end_to_end_link"] not in settings.links:
         plan["end_to_end_link"] = settings.links[0]
     result = wan_worker.wan(strategy, plan, settings.links, settings.quick)
@@ -130,7 +158,11 @@ def worker(argv):
 
 def measure(args):
     links = list(QUICK_LINKS if args.quick else LINKS)
-    return launch_on_links(__file__, links, args.quick, TIMEOUT)
+    if args.quantized and not args.quick:
+        links = list(QUANTIZED_LINKS)
+    return launch_on_links(
+        __file__, links, args.quick, TIMEOUT, quantized=args.quantized
+    )
 
 
 BENCHMARK = harness.Benchmark(
@@ -142,7 +174,7 @@ BENCHMARK = harness.Benchmark(
     "epochs, the unshaped link and 100 Mbit/s (about a minute). The shaped "
     "links need root, ip and tc (bench/netns.py); without root only the "
     "unshaped loopback is measured. --help creates nothing.",
-    record="wan.json",
+    record=lambda args: f"wan{'_quantized' if args.quantized else ''}.json",
     worker=worker,
 )
 

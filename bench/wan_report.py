@@ -549,15 +549,18 @@ def report(data, args):
         large = args.large_model_compute_ms
         print(extrapolation_table(model, period, factor, large, execution))
     seconds = {(r["config"], r["link"]): r["median"] for r in rows}
+    name = "wan_quantized" if getattr(args, "quantized", False) else "wan"
     accuracy_figure(
-        os.path.join(args.figures, "wan_accuracy.png"),
+        os.path.join(args.figures, f"{name}_accuracy.png"),
         steps,
         seconds,
         meta["links"],
         "held-out accuracy, mean of seeds",
         "training seconds (steps x ms/step)",
     )
-    speed_up_figure(data, steps, rows, cost, args.figures)
+    speed_up_figure(
+        data, steps, rows, cost, os.path.join(args.figures, f"{name}_")
+    )
 
 
 def accuracy_figure(path, steps, seconds, links, ylabel, xlabel):
@@ -581,8 +584,8 @@ def accuracy_figure(path, steps, seconds, links, ylabel, xlabel):
     harness.figure(path, draw, (1, len(links)), (4.5 * len(links), 4))
 
 
-def speed_up_figure(data, steps, rows, cost, directory):
-    """`wan_speed_up.png`: speed-up against bandwidth, measured and
+def speed_up_figure(data, steps, rows, cost, prefix):
+    """`<prefix>speed_up.png`: speed-up against bandwidth, measured and
     modelled, the break-even marked."""
     execution = data["meta"]["steps_per_execution"]
     grid = [10 ** (6 + i / 20) for i in range(0, 91)]
@@ -628,5 +631,5 @@ def speed_up_figure(data, steps, rows, cost, directory):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
 
-    path = os.path.join(directory, "wan_speed_up.png")
+    path = f"{prefix}speed_up.png"
     harness.figure(path, draw, size=(6.5, 4.5))

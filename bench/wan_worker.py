@@ -263,7 +263,7 @@ def wan(strategy, plan, links, quick):
     trainer = WanTrainer(strategy, agn_rounds.load_data(quick), links)
     # 1. Steps to target, on the unshaped link: every seed of every
     # configuration, then the bfloat16 variant of the best.
-    configs = [(rule, period, None) for rule, period in plan["configs"]]
+    configs = [(*config, None)[:3] for config in plan["configs"]]
     runs = []
 
     def train(config):

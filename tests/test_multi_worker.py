@@ -396,15 +396,17 @@ def test_restarted_workers_resume_from_the_backup_exactly(restarted):
         f"{inner}{overlap}"
         for overlap in ("", "_overlap")
         for inner in ("adamw", "schedule_free")
-    ],
+    ]
+    + ["adamw_int4"],
 )
 def test_a_resumed_agn_run_is_the_uninterrupted_run_on_every_worker(
     launched, run
 ):
     # DiLoCo, backed up after step 12 (mid-period; with overlap, with a
-    # commit in flight), resumed by a new model: every worker's local
-    # weights and the centers equal the uninterrupted run's. The workers'
-    # local weights differ, so a worker resumed from the chief's would not.
+    # commit in flight; in int4, each worker's residual of its last commit),
+    # resumed by a new model: every worker's local weights and the centers
+    # equal the uninterrupted run's. The workers' local weights differ, so
+    # a worker resumed from the chief's would not.
     out, output = launched
     workers = [np.load(out / f"resume_worker_{i}.npz") for i in range(2)]
     for worker in workers:

@@ -2,7 +2,7 @@
 its backup; see tests/test_multi_worker.py.
 
 For each inner optimizer (AdamW, ScheduleFreeAdamW), without and with
-overlapped commits, each worker
+overlapped commits, and for AdamW with int4 commits, each worker
 trains a CloneModel of 2 clones with AGN's DiLoCo rule for 5 epochs of 4
 steps, with `keras.callbacks.BackupAndRestore` at each epoch's end. Without
 overlap the period is 8, so the backup after epoch 3 (step 12) is
@@ -42,15 +42,17 @@ INNER = {
     "schedule_free": lambda: keras.optimizers.ScheduleFreeAdamW(0.01),
 }
 RUNS = {
-    f"{inner}{'_overlap' if overlap else ''}": (inner, overlap)
+    f"{inner}{'_overlap' if overlap else ''}": (inner, overlap, None)
     for overlap in (False, True)
     for inner in INNER
 }
+# 4-bit commits: each worker's residual (error feedback) is its own state.
+RUNS["adamw_int4"] = ("adamw", False, "int4")
 
 
 def model_for(run):
     """A compiled CloneModel of `run` (a name of `RUNS`)."""
-    inner, overlap = RUNS[run]
+    inner, overlap, dtype = RUNS[run]
     period = 4 if overlap else 8
     with multi_worker_strategy().scope():
         model = clone_model(batch_norm=False, num_clones=2)
@@ -61,6 +63,7 @@ def model_for(run):
             commit="weight_change",
             normalize=False,
             overlap=overlap,
+            communication_dtype=dtype,
         )
         model.compile(
             optimizer, "mse", steps_per_execution=period if overlap else 1
