@@ -188,12 +188,15 @@ REPLICAS_AGAINST_ONE_DEVICE = """if True:
     import keras
     from keras_clones import AGNOptimizer
 
-    dtype = sys.argv[1]
     rng = np.random.default_rng(4)
     start = rng.normal(size=300).astype("float32")
     grads = rng.normal(size=(6, 300)).astype("float32")
     histories = []
-    for devices in (["/cpu:0"], ["/cpu:0", "/cpu:1"]):
+    for dtype, devices in [
+        (dtype, devices)
+        for dtype in ("int8", "int4")
+        for devices in (["/cpu:0"], ["/cpu:0", "/cpu:1"])
+    ]:
         strategy = tf.distribute.MirroredStrategy(devices)
         with strategy.scope():
             variable = keras.Variable(start)
@@ -217,29 +220,27 @@ REPLICAS_AGAINST_ONE_DEVICE = """if True:
             center = optimizer.global_center_variable(variable)
             history.append(center.numpy())
         histories.append(np.array(history))
-    np.save(sys.argv[2], np.stack(histories))
+    np.save(sys.argv[1], np.stack(histories))
 """
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int4"])
-def test_two_replicas_commit_as_one_device_given_half_the_gradient(
-    tmp_path, dtype
-):
+def test_two_replicas_commit_as_one_device_given_half_the_gradient(tmp_path):
     # Each replica packs its commit into int32 words for one all-gather
     # and adds up what every replica sent: halves of one device's
     # gradients (a scale halved exactly) move the centers as it does.
     out = tmp_path / "histories.npy"
     result = subprocess.run(
-        [sys.executable, "-c", REPLICAS_AGAINST_ONE_DEVICE, dtype, str(out)],
+        [sys.executable, "-c", REPLICAS_AGAINST_ONE_DEVICE, str(out)],
         capture_output=True,
         text=True,
         env=dict(os.environ, KERAS_BACKEND="tensorflow"),
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    one_device, two_replicas = np.load(out)
-    np.testing.assert_array_equal(two_replicas, one_device)
-    assert not np.array_equal(one_device[-1], one_device[0])
+    # int8 on one device and on two replicas, then int4.
+    for one_device, two_replicas in np.load(out).reshape(2, 2, 6, 300):
+        np.testing.assert_array_equal(two_replicas, one_device)
+        assert not np.array_equal(one_device[-1], one_device[0])
 
 
 def test_the_core_quantizes_a_sparse_commit_densely():
