@@ -96,17 +96,16 @@ def quantized_reduction(integers, scales, dtype, reduce_op):
 
 def _as_bytes(integers, scales, dtype):
     """Blocks of integers and their scales as int8 bytes, a row a block:
-    int8 numbers as they are, int4 two to a byte (offset to 1..15), then
-    the scale's four bytes."""
+    the integers as they travel (`quantization.as_bytes`), then the scale's
+    four bytes."""
     import jax.numpy as jnp
     from jax import lax
 
-    values = integers.astype(jnp.int8)
-    if dtype == "int4":
-        nibbles = (values + 8).astype(jnp.uint8)
-        values = lax.bitcast_convert_type(
-            nibbles[:, 0::2] | (nibbles[:, 1::2] << 4), jnp.int8
-        )
+    from keras_clones.agn import quantization
+
+    values = lax.bitcast_convert_type(
+        quantization.as_bytes(integers, dtype), jnp.int8
+    )
     scale_bytes = lax.bitcast_convert_type(scales[:, 0], jnp.int8)
     return jnp.concatenate([values, scale_bytes], axis=1)
 
@@ -116,13 +115,13 @@ def _from_bytes(rows, dtype):
     import jax.numpy as jnp
     from jax import lax
 
+    from keras_clones.agn import quantization
+
     values, scale_bytes = rows[:, :-4], rows[:, -4:]
     if dtype == "int4":
-        packed = lax.bitcast_convert_type(values, jnp.uint8)
-        pairs = jnp.stack([packed & 15, packed >> 4], axis=2)
-        values = pairs.reshape(rows.shape[0], -1).astype(jnp.int8) - 8
+        values = lax.bitcast_convert_type(values, jnp.uint8)
     scales = lax.bitcast_convert_type(scale_bytes, jnp.float32)
-    return values.astype(jnp.float32), scales[:, None]
+    return quantization.from_bytes(values, dtype), scales[:, None]
 
 
 def _flat_per_dtype(values, reduce):

@@ -21,10 +21,9 @@ import math
 
 import keras
 
-BLOCK = 128
+from keras_clones.commit_bytes import BLOCK
+
 LEVELS = {"int8": 127, "int4": 7}  # The largest integer each sends.
-BITS = {"int8": 8, "int4": 4}
-SCALE_BYTES = 4  # A float32 scale per block.
 
 
 def quantizes(communication_dtype):
@@ -75,14 +74,28 @@ def cut(flat, like):
     return out
 
 
+def as_bytes(integers, communication_dtype):
+    """`encode`'s integers as the bytes they travel in, a row a block: int8
+    as they are, int4 two to a byte (offset to 1..15, the even number in
+    the low half), as uint8."""
+    ops = keras.ops
+    if communication_dtype == "int8":
+        return ops.cast(integers, "int8")
+    offset = ops.cast(integers, "int32") + 8
+    return ops.cast(offset[:, 0::2] + 16 * offset[:, 1::2], "uint8")
+
+
+def from_bytes(rows, communication_dtype):
+    """`as_bytes`'s rows back as integers (float32)."""
+    ops = keras.ops
+    if communication_dtype == "int8":
+        return ops.cast(rows, "float32")
+    packed = ops.cast(rows, "int32")
+    pairs = ops.stack([packed % 16, packed // 16], axis=2)
+    return ops.cast(ops.reshape(pairs, [rows.shape[0], -1]) - 8, "float32")
+
+
 def round_trip(values, communication_dtype):
     """`values` (a commit) as they arrive after quantization to
     `communication_dtype`, in their own dtypes."""
     return cut(decoded(*encode(values, communication_dtype)), values)
-
-
-def payload_bytes(size, communication_dtype):
-    """The bytes a commit of `size` elements travels in: the integers
-    (packed) and a scale per block."""
-    values = math.ceil(size * BITS[communication_dtype] / 8)
-    return values + SCALE_BYTES * math.ceil(size / BLOCK)

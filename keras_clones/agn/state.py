@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from keras_clones import _keras_internals as internals
+from keras_clones import commit_bytes
 from keras_clones import gradients
 from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import tf
@@ -109,7 +110,7 @@ class AGNState:
         fragment's commit with its scales."""
         if quantization.quantizes(communication_dtype):
             return sum(
-                quantization.payload_bytes(f.size(), communication_dtype)
+                commit_bytes.payload_bytes(f.size(), communication_dtype)
                 for f in self.fragments
             )
         total = 0

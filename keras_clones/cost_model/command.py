@@ -9,16 +9,14 @@ import math
 import re
 import sys
 
+from keras_clones import commit_bytes
 from keras_clones.cost_model import _RATE_UNITS
 from keras_clones.cost_model import FORMS
 from keras_clones.cost_model import StepCost
 from keras_clones.cost_model import format_bandwidth
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
-# 8- and 4-bit commits: their bits per number, and a float32 scale per
-# block of 128 numbers (keras_clones.agn.quantization, which imports Keras).
-QUANTIZED_BITS, BLOCK, SCALE_BYTES = {"int8": 8, "int4": 4}, 128, 4
-DTYPES = (*DTYPE_BYTES, *QUANTIZED_BITS)
+DTYPES = (*DTYPE_BYTES, *commit_bytes.BITS)
 
 _PROG = "python -m keras_clones.cost_model"
 _BIT_UNITS = "bit, kbit, mbit, gbit or tbit; '/s' optional"
@@ -208,9 +206,9 @@ def _model_bytes(args):
             f"sends each parameter as). Received: {args.dtype}. Pass e.g. "
             "--dtype bfloat16, or leave it out for float32."
         )
-    if dtype in QUANTIZED_BITS:
-        values = math.ceil(params * QUANTIZED_BITS[dtype] / 8)
-        scales = SCALE_BYTES * math.ceil(params / BLOCK)
+    if dtype in commit_bytes.BITS:
+        values = commit_bytes.value_bytes(params, dtype)
+        scales = commit_bytes.scale_bytes(params)
         model_bytes = float(values + scales)
         return model_bytes, (
             f"model: {_format_count(params)} parameters in {dtype} = "
@@ -229,7 +227,7 @@ def _form(args):
     """How a round travels: `--form`, checked against `--dtype` (8- and
     4-bit commits are all-gathered or reduce-scattered, floats
     all-reduced); by default all-reduce, or reduce-scatter in int8/int4."""
-    quantized = (args.dtype or "").lower() in QUANTIZED_BITS
+    quantized = (args.dtype or "").lower() in commit_bytes.BITS
     if args.form is None:
         return "reduce-scatter" if quantized else "all-reduce"
     if args.form not in FORMS:
