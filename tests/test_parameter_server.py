@@ -183,10 +183,14 @@ def test_two_workers_apply_each_result_once_and_nothing_else(
     assert result["iterations"] == 12
     # Some result was computed before the other worker's update landed;
     # none is staler than the window allows (2 workers x in flight - 1).
+    # An epoch may have none stale: a scheduled function goes to the first
+    # free worker, which may take it up after the last result was applied
+    # (with AGN's 2 results an epoch, one CI run did, before the scenario
+    # waited before each apply).
     window = 4 if case.endswith("in_flight_2") else 2
     assert max(result["max_staleness"]) >= 1
     assert max(result["max_staleness"]) <= window - 1
-    assert all(0 < s <= window - 1 for s in result["staleness"])
+    assert all(0 <= s <= window - 1 for s in result["staleness"])
     if case == "agn":
         assert result["rounds"] == [2.0, 4.0]
 

@@ -11,6 +11,7 @@ from helpers import InterruptAtEpoch
 from ps_common import BATCH
 from ps_common import EPOCHS
 from ps_common import STEPS
+from ps_common import SlowToApply
 from ps_common import compare
 from ps_common import data
 from ps_common import dataset
@@ -113,11 +114,15 @@ def two_workers(strategy):
         applied = SumOfAppliedGradients(model.trainable_variables)
         model.step_hooks.add(applied)
         step_by_step = AppliedStepByStep(applied, start, outer_lr)
+        # AGN's epoch is 2 results, one a worker: without a wait before
+        # each is applied, a worker that takes up its period late reads
+        # after the other's commit landed, and no result is stale.
+        callbacks = {"sgd_in_flight_2": [step_by_step], "agn": [SlowToApply()]}
         history = model.fit(
             dataset(),
             epochs=EPOCHS,
             steps_per_epoch=STEPS,
-            callbacks=[step_by_step] if name == "sgd_in_flight_2" else [],
+            callbacks=callbacks.get(name, []),
             verbose=0,
             in_flight_per_worker=2 if name.endswith("in_flight_2") else 1,
         )
