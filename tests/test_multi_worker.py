@@ -240,7 +240,19 @@ def test_agn_rules_across_workers_apply_the_mean_commit_as_by_hand(
 # The outer optimizers' gain on one number of a commit, summed over the
 # steps it takes: the default, a copy of the inner SGD (0.05, momentum
 # 0.9), and DiLoCo's (0.7, momentum 0.9).
-GAINS = {"int8": 0.05 / (1 - 0.9), "int4_diloco": 0.7 / (1 - 0.9)}
+GAINS = {
+    "int8": 0.05 / (1 - 0.9),
+    "int4_diloco": 0.7 / (1 - 0.9),
+    "int8_overlap_fragments": 0.7 / (1 - 0.9),
+}
+# Each quantized run: the run in float32 beside it, its rounds, and its
+# bytes per round (57 weights: one block, its numbers and its float32
+# scale; with 2 fragments, a block of 29 and one of 28).
+QUANTIZED = {
+    "int8": ("p3", [1, 2], 57 + 4),
+    "int4_diloco": ("diloco", [1, 2], (57 * 4 + 7) // 8 + 4),
+    "int8_overlap_fragments": ("overlap_fragments", [2, 4], 29 + 4 + 28 + 4),
+}
 
 
 @pytest.mark.parametrize("name", sorted(GAINS))
@@ -249,14 +261,17 @@ def test_quantized_commits_travel_in_one_all_gather_as_by_hand(
 ):
     # Each worker's commit travels as 8 or 4 bits with its scales, packed
     # into int32 words for one all-gather; every worker adds them up in
-    # the same order, and the reference quantizes each worker's alike.
+    # the same order, and the reference quantizes each worker's alike
+    # (also each fragment's, a period late, with each worker's residual
+    # added to its next commit).
     workers, reference = agn_results
     drift = ATOL["diloco"]  # float32 against float64 (largest 2.9e-6).
     # A number on a rounding boundary may land one quantum away in each of
     # the 2 commits, which the outer optimizer carries on: a few may.
     bound = drift + 2 * GAINS[name] * float(reference[f"{name}_quantum"])
+    unquantized, rounds, bytes_per_round = QUANTIZED[name]
     for index, worker in enumerate(workers):
-        np.testing.assert_array_equal(worker[f"{name}_rounds"], [1, 2])
+        np.testing.assert_array_equal(worker[f"{name}_rounds"], rounds)
         got = np.concatenate(
             [v.ravel() for v in variables(worker, f"{name}_center")]
             + [v.ravel() for v in variables(worker, f"{name}_weight")]
@@ -272,16 +287,13 @@ def test_quantized_commits_travel_in_one_all_gather_as_by_hand(
         assert np.max(difference) <= bound
         assert np.mean(difference <= drift) >= 0.9
         # Quantized: not float32's commit (int8 moves a center 4.3e-3,
-        # int4 0.68).
-        unquantized = {"int8": "p3", "int4_diloco": "diloco"}[name]
+        # int4 0.68, int8 with overlapped fragments 6.3e-3).
         assert not np.allclose(
             worker[f"{name}_center_0"],
             worker[f"{unquantized}_center_0"],
             atol=1e-3,
         )
-        # 57 weights: one block, its numbers and its float32 scale.
-        bits = 8 if name == "int8" else 4
-        assert worker[f"{name}_bytes_per_round"] == (57 * bits + 7) // 8 + 4
+        assert worker[f"{name}_bytes_per_round"] == bytes_per_round
     for a, b in zip(*(variables(w, f"{name}_center") for w in workers)):
         np.testing.assert_array_equal(a, b)
 

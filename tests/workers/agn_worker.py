@@ -4,7 +4,8 @@ Each worker trains a CloneModel of 2 clones with AGN(SGD with momentum) at
 communication periods 1 and 3 (the default rule), and at period 3 with the
 Hermans and DiLoCo rules and with a bfloat16 all-reduce, and with overlapped
 commits at period 2 (one execution a period), and with 2 and 4 fragments at
-period 4, without and with overlap, and in int8 and int4; it saves to
+period 4, without and with overlap, and in int8 and int4 (int8 also with
+2 overlapped fragments and error feedback); it saves to
 `OUT/agn_worker_<i>.npz` its local weights, global centers, logs and the
 batches it was fed. With `--reference` it instead computes, in one process
 and by hand, what the workers should hold, from the batches they saved (the
@@ -70,6 +71,17 @@ RUNS = {
             "commit": "weight_change",
             "normalize": False,
             "communication_dtype": "int4",
+        },
+        (0.7, 0.9, True),
+    ),
+    "int8_overlap_fragments": (
+        4,
+        {
+            "overlap": True,
+            "fragments": 2,
+            "commit": "weight_change",
+            "communication_dtype": "int8",
+            "error_feedback": True,
         },
         (0.7, 0.9, True),
     ),
