@@ -461,27 +461,38 @@ def resized(launched):
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("run", ["sync", "gradients", "diloco_overlap"])
+@pytest.mark.parametrize(
+    "run", ["sync", "gradients", "diloco_overlap", "int4_diloco"]
+)
 def test_a_backup_of_2_workers_resumes_on_1_and_on_3_as_by_hand(
     resized, workers, run
 ):
     # Global batch 48, backed up after step 6 (mid-period at period 4;
-    # with overlap, a commit in flight), resumed to step 12. The hand
-    # replay (float64) follows keras_clones.agn.worker_state's rule; the
-    # workers compute in float32: 2.1e-6 apart at most, seen.
+    # with overlap, a commit in flight; in int4, each worker's residual of
+    # its commit at step 4), resumed to step 12. The hand replay (float64)
+    # follows keras_clones.agn.worker_state's rule; the workers compute in
+    # float32: 2.1e-6 apart at most, seen.
     out, output = resized
     reference = np.load(out / "resize_reference.npz")
+    drift = 1e-5
+    # In int4 a number on a rounding boundary may land one quantum away in
+    # each of the 3 commits, which DiLoCo's outer optimizer (0.7, momentum
+    # 0.9) carries on: a few may; the bulk stays within float32's drift.
+    quantum = float(reference[f"{workers}_{run}_quantum"])
+    bound = drift + 3 * 0.7 / (1 - 0.9) * quantum
+    differences = []
     for w in range(workers):
         worker = np.load(out / f"resize_{workers}_{w}.npz")
         assert worker[f"{run}_epochs"] == 3
         for i in range(4):
             want = reference[f"{workers}_{run}_worker_{w}_weight_{i}"]
-            got = worker[f"{run}_weight_{i}"]
-            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+            differences.append(np.abs(worker[f"{run}_weight_{i}"] - want))
             if run != "sync":
                 want = reference[f"{workers}_{run}_center_{i}"]
-                got = worker[f"{run}_center_{i}"]
-                np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+                differences.append(np.abs(worker[f"{run}_center_{i}"] - want))
+    differences = np.concatenate([d.ravel() for d in differences])
+    assert np.max(differences) <= bound
+    assert np.mean(differences <= drift) >= (0.9 if quantum else 1.0)
     said = {
         "sync": ".",
         1: ": worker 0 keeps its own state; what worker 1 did since its "

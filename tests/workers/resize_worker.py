@@ -10,7 +10,8 @@ and, when resumed, its local weights and the centers, to
 `OUT/resize_<workers>_<i>.npz`. With `--reference`, one process replays
 both phases by hand from the batches fed: synchronous training on the
 global batch, and AGN resized as `keras_clones.agn.worker_state` defines
-it (the reference's `resize`).
+it (the reference's `resize`; in int4, a new worker's residual starts at
+zero and a departed worker's is dropped).
 """
 
 import json
@@ -22,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 from common import layers
 from common import multi_worker_strategy
+from helpers import recording_quanta
 from helpers import squared_sum_data
 from reference import agn
 from reference import models
@@ -42,6 +44,12 @@ RUNS = {
         "commit": "weight_change",
         "normalize": False,
         "overlap": True,
+    },
+    "int4_diloco": {
+        "communication_period": 4,
+        "commit": "weight_change",
+        "normalize": False,
+        "communication_dtype": "int4",
     },
 }
 
@@ -153,19 +161,21 @@ def reference(out):
         for run, options in RUNS.items():
             options = dict(options or {"communication_period": 1})
             period = options.pop("communication_period")
-            replayed = agn.agn(
-                agn.flat(initial),
-                gradient,
-                EPOCHS * STEPS_PER_EPOCH,
-                period,
-                lambda: optimizers.SGD(0.02, 0.9),
-                (lambda: optimizers.SGD(0.7, 0.9, nesterov=True))
-                if options.get("commit") == "weight_change"
-                else None,
-                workers=2,
-                resize=(BACKED_UP * STEPS_PER_EPOCH, after),
-                **options,
-            )
+            with recording_quanta() as quanta:
+                replayed = agn.agn(
+                    agn.flat(initial),
+                    gradient,
+                    EPOCHS * STEPS_PER_EPOCH,
+                    period,
+                    lambda: optimizers.SGD(0.02, 0.9),
+                    (lambda: optimizers.SGD(0.7, 0.9, nesterov=True))
+                    if options.get("commit") == "weight_change"
+                    else None,
+                    workers=2,
+                    resize=(BACKED_UP * STEPS_PER_EPOCH, after),
+                    **options,
+                )
+            arrays[f"{after}_{run}_quantum"] = quanta[0]
             if run == "sync":  # Period 1 with SGD is synchronous SGD.
                 replayed.center = replayed.local[0]
             for w, local in enumerate(replayed.local):
