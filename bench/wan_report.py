@@ -194,12 +194,21 @@ def fastest_local(steps, cells, link):
 # The cost model.
 
 
+def configured(cost, timing):
+    """`cost` (fitted on float32 rounds) for `timing`'s configuration: its
+    bytes per round, against synchronous training in float32 (`cost`'s
+    bytes)."""
+    return dataclasses.replace(
+        cost,
+        model_bytes=timing["bytes_per_round"],
+        synchronous_bytes=cost.model_bytes,
+    )
+
+
 def predicted(cost, timing, link, meta):
     """The cost model's seconds per step for `timing`'s configuration on
     `link`, a token bucket whose burst refills between rounds."""
-    config_cost = dataclasses.replace(
-        cost, model_bytes=timing["bytes_per_round"]
-    )
+    config_cost = configured(cost, timing)
     link = netns.LINKS[link]
     return config_cost.step_seconds(
         timing["period"],
@@ -354,7 +363,7 @@ def break_even_table(steps, timings, rows, cost, meta):
         factor = step_factor(steps, name)
         if timing["period"] == 1 or factor is None:
             continue
-        model = dataclasses.replace(cost, model_bytes=timing["bytes_per_round"])
+        model = configured(cost, timing)
         even = model.break_even_bandwidth(
             timing["period"], factor, meta["steps_per_execution"]
         )
@@ -596,14 +605,9 @@ def speed_up_figure(data, steps, rows, cost, prefix):
             factor = step_factor(steps, name)
             if period == 1 or factor is None:
                 continue
-            model = dataclasses.replace(
-                cost, model_bytes=timing["bytes_per_round"]
-            )
-            # Against synchronous training in 32 bits (`cost`'s bytes).
+            model = configured(cost, timing)
             modelled = [
-                cost.step_seconds(1, b, execution)
-                / (factor * model.step_seconds(period, b, execution))
-                for b in grid
+                model.speed_up(period, b, factor, execution) for b in grid
             ]
             color = ax.plot(grid, modelled, linewidth=1)[0].get_color()
             measured = [

@@ -589,6 +589,13 @@ def test_int8_and_int4_params_travel_with_a_scale_per_128(capsys):
         "scales = 143,081 bytes a round"
     )
     assert out.splitlines()[2].startswith("round (one reduce-scatter): ")
+    # Synchronous training all-reduces float32 gradients: 8 workers through
+    # a shared 1 Gbit/s, 14 float32 models, 8 x 14 x 1,077,288 bits a
+    # step, and 3 ms of compute (no hops by default).
+    assert out.splitlines()[3] == (
+        "synchronous: 123.66 ms per step (float32 gradients all-reduced: "
+        "1,077,288 bytes a step)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -607,3 +614,71 @@ def test_a_form_the_dtype_does_not_travel_in_is_refused(
     )
     assert code == 2
     assert message in error
+
+
+def int4_mlp_cost(**overrides):
+    """The MLP's int4 commits (143,081 bytes a round, reduce-scattered),
+    against synchronous training's float32 gradients."""
+    values = dict(
+        model_bytes=143_081, form="reduce-scatter", synchronous_bytes=MLP_BYTES
+    )
+    values.update(overrides)
+    return mlp_cost(**values)
+
+
+def test_synchronous_training_all_reduces_float32_whatever_agn_sends():
+    cost = int4_mlp_cost()
+    # Synchronous: 8 ms of hops and 2 float32 models through the queue;
+    # AGN: 8 ms and 2 int4 payloads, once in 64 steps.
+    synchronous = 0.003 + 0.008 + 8 * 2 * MLP_BYTES / 1e8
+    agn = 0.003 + (0.008 + 8 * 2 * 143_081 / 1e8) / 64
+    assert cost.synchronous.step_seconds(1, MBIT_100) == pytest.approx(
+        synchronous
+    )
+    assert cost.step_seconds(64, MBIT_100) == pytest.approx(agn)
+    assert cost.speed_up(64, MBIT_100, 1.5) == pytest.approx(
+        synchronous / (1.5 * agn)
+    )
+    # Not the int4 synchronous training that sending alike would assume.
+    alike = mlp_cost(model_bytes=143_081, form="reduce-scatter")
+    assert alike.speed_up(64, MBIT_100, 1.5) < 0.5 * cost.speed_up(
+        64, MBIT_100, 1.5
+    )
+    # None: as AGN's period 1.
+    assert alike.synchronous is alike
+
+
+@pytest.mark.parametrize("hop_seconds", [0.0, 0.004])
+def test_the_break_evens_with_float32_synchronous_training_are_where_it_ties(
+    hop_seconds,
+):
+    # A slow step (100 ms) and an all-gather of int8 commits on 4 workers:
+    # the break-evens are where speed_up crosses 1, found by scanning.
+    cost = mlp_cost(
+        compute_seconds=0.1,
+        hop_seconds=hop_seconds,
+        model_bytes=277_742,
+        workers=4,
+        form="all-gather",
+        synchronous_bytes=MLP_BYTES,
+    )
+    bandwidth = 1e9
+    period = cost.break_even_period(bandwidth, 1.5)
+    assert cost.speed_up(period, bandwidth, 1.5) > 1
+    assert cost.speed_up(period - 1, bandwidth, 1.5) <= 1
+    below = cost.break_even_bandwidth(64, 1.5)
+    assert math.isfinite(below)
+    assert cost.speed_up(64, below, 1.5) == pytest.approx(1.0)
+    assert cost.speed_up(64, below * 0.99, 1.5) > 1
+    assert cost.speed_up(64, below * 1.01, 1.5) < 1
+    # Period 1 at twice the steps puts 2 x 3 int8 payloads a step through
+    # the queue, more than the 2 x 3 / 4 float32 models of synchronous
+    # training: no bandwidth is slow enough.
+    assert cost.break_even_bandwidth(1, 2.0) == 0.0
+
+
+def test_synchronous_bytes_must_be_a_positive_number():
+    with pytest.raises(ValueError, match="`synchronous_bytes` must be > 0"):
+        int4_mlp_cost(synchronous_bytes=0)
+    with pytest.raises(TypeError, match="`synchronous_bytes` must be a numb"):
+        int4_mlp_cost(synchronous_bytes="1e6")

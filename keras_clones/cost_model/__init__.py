@@ -11,13 +11,15 @@ ring (`hop` each, the per-collective overhead), and its bytes through the
 narrowest queue. Each worker's network card carries `2 (n - 1) / n` of the
 model; where all workers share one queue (one link, one switch port, a
 shaped loopback) it carries `2 (n - 1)` models. Synchronous training is
-period 1. `overhead` is one small collective per execution (the logs'
-all-reduce), `2 (n - 1) hop` too.
+period 1, its round an all-reduce of its gradients (`synchronous_bytes`:
+float32's, where AGN's commits travel in bfloat16, int8 or int4).
+`overhead` is one small collective per execution (the logs' all-reduce),
+`2 (n - 1) hop` too.
 
 AGN needs more local steps than synchronous training to reach the same
 accuracy (`step_factor`, e.g. 1.5: half as many again), so it wins when
 
-    step_factor * step(period) < step(1),
+    step_factor * step(period) < synchronous step,
 
 which needs a round to cost more than `(step_factor - 1) * compute`; the
 break-even period and bandwidth follow (`StepCost.break_even_period`,
@@ -195,8 +197,13 @@ class StepCost:
             card of its own at the given bandwidth.
         form: How a round travels (`FORMS`): `"all-reduce"` (a ring, the
             default), or for 8- and 4-bit commits `"all-gather"`
-            (TensorFlow's) or `"reduce-scatter"` (JAX's). Synchronous
-            training (period 1) is taken to send alike.
+            (TensorFlow's) or `"reduce-scatter"` (JAX's).
+        synchronous_bytes: The bytes each worker all-reduces in a step of
+            the synchronous training AGN is compared with: its gradients
+            in the variables' dtype (4 bytes a parameter in float32). None:
+            `model_bytes` in `form`, as AGN at period 1 sends them. Pass it
+            when commits travel in fewer bytes than the gradients
+            (`communication_dtype` bfloat16, int8 or int4).
     """
 
     compute_seconds: float
@@ -205,11 +212,27 @@ class StepCost:
     workers: int
     shared_link: bool = True
     form: str = "all-reduce"
+    synchronous_bytes: float = None
 
     def __post_init__(self):
         _check_number("compute_seconds", self.compute_seconds, "seconds")
         _check_number("hop_seconds", self.hop_seconds, "seconds", zero=True)
         ring_bytes(self.model_bytes, self.workers, self.shared_link, self.form)
+        if self.synchronous_bytes is not None:
+            _check_number("synchronous_bytes", self.synchronous_bytes, "bytes")
+
+    @property
+    def synchronous(self):
+        """The `StepCost` of synchronous training's steps (its period 1):
+        `synchronous_bytes` all-reduced, or this one where it is None."""
+        if self.synchronous_bytes is None:
+            return self
+        return dataclasses.replace(
+            self,
+            model_bytes=self.synchronous_bytes,
+            form="all-reduce",
+            synchronous_bytes=None,
+        )
 
     @property
     def collective_overhead(self):
@@ -256,10 +279,11 @@ class StepCost:
     def step_seconds(
         self, period, bandwidth, steps_per_execution=None, burst_bytes=0.0
     ):
-        """One step at `period` (1: synchronous) and `bandwidth`, with one
-        small collective per execution of `steps_per_execution` steps
-        (None: none), on a link with a token bucket of `burst_bytes` (0: a
-        plain link) that refills while a period's steps compute."""
+        """One step of AGN at `period` and `bandwidth`, with one small
+        collective per execution of `steps_per_execution` steps (None:
+        none), on a link with a token bucket of `burst_bytes` (0: a plain
+        link) that refills while a period's steps compute. Synchronous
+        training's step is `synchronous.step_seconds(1, ...)`."""
         period = _check_count("period", period, 1)
         idle = period * self.compute_seconds
         round_ = self.round_seconds(bandwidth, burst_bytes, idle)
@@ -272,7 +296,9 @@ class StepCost:
         """Synchronous training's time to a target over AGN's at `period`,
         which needs `step_factor` times the steps."""
         step_factor = _check_step_factor(step_factor)
-        synchronous = self.step_seconds(1, bandwidth, steps_per_execution)
+        synchronous = self.synchronous.step_seconds(
+            1, bandwidth, steps_per_execution
+        )
         agn = self.step_seconds(period, bandwidth, steps_per_execution)
         return synchronous / (step_factor * agn)
 
@@ -280,15 +306,16 @@ class StepCost:
         self, bandwidth, step_factor, steps_per_execution=None
     ):
         """The shortest period at which AGN reaches a target sooner than
-        synchronous training at `bandwidth` (at least 2: period 1 is
-        synchronous training); None if no period does (a round costs no
-        more than `(step_factor - 1)` steps' compute)."""
+        synchronous training at `bandwidth` (at least 2); None if no period
+        does (synchronous training's round costs no more than
+        `(step_factor - 1)` steps' compute)."""
         step_factor = _check_step_factor(step_factor)
         round_ = self.round_seconds(bandwidth)
         compute = self.compute_seconds + self._logs_overhead(
             steps_per_execution
         )
-        margin = round_ - (step_factor - 1) * compute
+        synchronous_round = self.synchronous.round_seconds(bandwidth)
+        margin = synchronous_round - (step_factor - 1) * compute
         if margin <= 0:
             return None
         # Strictly sooner: the first integer above step_factor * round_ /
@@ -304,17 +331,27 @@ class StepCost:
         none (`period <= step_factor`)."""
         period = _check_count("period", period, 1)
         step_factor = _check_step_factor(step_factor)
-        if period <= step_factor:
+        synchronous = self.synchronous
+        # AGN is sooner where step_factor x its step is shorter than
+        # synchronous training's: 8 saved / bandwidth > extra, with the
+        # bytes a step AGN saves on the queue and the time it adds besides.
+        saved = (
+            synchronous._round_bytes()
+            - step_factor * self._round_bytes() / period
+        )
+        if saved <= 0:
             return 0.0
         compute = self.compute_seconds + self._logs_overhead(
             steps_per_execution
         )
-        needed = (step_factor - 1) * compute * period / (period - step_factor)
-        transfer = needed - self.collective_overhead
-        if transfer <= 0:
+        extra = (
+            (step_factor - 1) * compute
+            + step_factor * self.collective_overhead / period
+            - synchronous.collective_overhead
+        )
+        if extra <= 0:
             return math.inf
-        bits = 8 * self._round_bytes()
-        return bits / transfer
+        return 8 * saved / extra
 
 
 def fit_step_cost(

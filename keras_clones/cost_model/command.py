@@ -165,6 +165,14 @@ def _format_count(value):
     return f"{value:,.10g}"
 
 
+def _synchronous_bytes(args):
+    """What synchronous training all-reduces a step: with `--params`, its
+    float32 gradients; else (`--model-bytes`) None, the round's bytes."""
+    if args.params is None:
+        return None
+    return float(int(float(args.params)) * DTYPE_BYTES["float32"])
+
+
 def _model_bytes(args):
     """The bytes per round from `--model-bytes`, or `--params` and
     `--dtype`; and the output's line that says how they were read."""
@@ -412,8 +420,9 @@ def main(argv=None):
             workers,
             shared_link=not args.own_links,
             form=_form(args),
+            synchronous_bytes=_synchronous_bytes(args),
         )
-        synchronous = cost.step_seconds(1, bandwidth, execution)
+        synchronous = cost.synchronous.step_seconds(1, bandwidth, execution)
         agn = cost.step_seconds(period, bandwidth, execution)
         speed_up = cost.speed_up(period, bandwidth, step_factor, execution)
         break_even = cost.break_even_period(bandwidth, step_factor, execution)
@@ -424,7 +433,15 @@ def main(argv=None):
     print(model_line)
     print(_link_line(bandwidth, workers, cost.shared_link, cost.form))
     print(f"round (one {cost.form}): {1e3 * round_:.1f} ms")
-    print(f"synchronous: {1e3 * synchronous:.2f} ms per step")
+    sent = ""
+    if cost.synchronous is not cost and (
+        cost.synchronous_bytes != model_bytes or cost.form != "all-reduce"
+    ):
+        sent = (
+            f" (float32 gradients all-reduced: "
+            f"{_format_count(cost.synchronous_bytes)} bytes a step)"
+        )
+    print(f"synchronous: {1e3 * synchronous:.2f} ms per step{sent}")
     print(f"AGN period {period}: {1e3 * agn:.2f} ms per step")
     print(
         f"time to target, synchronous / AGN (x{step_factor:g} the "
