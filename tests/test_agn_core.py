@@ -1,9 +1,12 @@
 """AGN's core (`keras_clones.agn.core`) on NumPy values, without a model or
-a Keras optimizer: its local step, commit and move, driven period by
-period for N simulated workers, give the reference's trajectory
-(`tests/reference/agn.py`) in float64."""
+a Keras optimizer: its local step and its end of a period (commit,
+quantization with its residual, the workers' reduction, the move), driven
+for N simulated workers (a thread each at a period's end), give the
+reference's trajectory (`tests/reference/agn.py`) in float64."""
 
+import concurrent.futures
 import copy
+import threading
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ from reference import agn
 from reference import optimizers
 
 from keras_clones.agn import core
+from keras_clones.agn import quantization
 
 START = np.array([0.5, -1.0, 2.0, 0.25])
 
@@ -39,12 +43,56 @@ def kept_unless(applied, new, old):
     return new if applied else old
 
 
+class Collectives:
+    """The collectives of `count` simulated workers, each a thread calling
+    `core.end_period` with its own (`of(worker)`): an all-reduce waits for
+    every worker's commit and returns the reference's mean of them
+    (`agn.mean_commit`, in float64; 8- and 4-bit commits decoded first)."""
+
+    def __init__(self, count, communication_dtype):
+        self.barrier = threading.Barrier(count, timeout=60)
+        self.sent = [None] * count
+        self.communication_dtype = communication_dtype
+
+    def of(self, worker):
+        return WorkerCollectives(self, worker)
+
+    def mean(self, worker, value, communication_dtype):
+        self.sent[worker] = np.asarray(value, "float64")
+        self.barrier.wait()
+        mean = agn.mean_commit(self.sent, communication_dtype)
+        self.barrier.wait()  # Every worker has read them.
+        return mean
+
+
+class WorkerCollectives:
+    """One worker's side of `Collectives`, as the core's `collectives`."""
+
+    gradients_divided = False  # Each worker's commit is its own.
+
+    def __init__(self, shared, worker):
+        self.shared, self.worker = shared, worker
+
+    def all_reduce(self, reduce_op, values):
+        assert reduce_op == "mean"
+        (value,) = values
+        dtype = self.shared.communication_dtype
+        return [self.shared.mean(self.worker, value, dtype)]
+
+    def all_reduce_quantized(self, reduce_op, integers, scales, dtype):
+        assert reduce_op == "mean"
+        arrived = quantization.decoded(integers, scales)
+        return self.shared.mean(self.worker, arrived, None)
+
+
 def run_core(config, steps, workers, inner, outer, skipped=()):
     """`steps` steps of `workers` simulated workers through the core: each
-    a local step (a skipped one not kept), and at a period's end each
-    worker's commit, their mean (the reference's all-reduce), then the
-    move of the centers. Returns each step's (local weights, centers)."""
+    a local step (a skipped one not kept), and at a period's end
+    `core.end_period` on every worker at once (a thread each), with the
+    reference's mean as the all-reduce and `core.apply` as the move.
+    Returns each step's (local weights, centers)."""
     accumulate = config.commit == "gradients"
+    feedback = config.quantized and config.error_feedback
     states = [
         core.State(
             weights=[START.copy()],
@@ -52,9 +100,11 @@ def run_core(config, steps, workers, inner, outer, skipped=()):
             accumulators=[np.zeros_like(START)] if accumulate else None,
             centers=[START.copy()],
             outer=outer.make(),
+            residuals=[np.zeros_like(START)] if feedback else None,
         )
         for _ in range(workers)
     ]
+    collectives = Collectives(workers, config.communication_dtype)
     history = []
     for step in range(steps):
         for w, state in enumerate(states):
@@ -62,15 +112,18 @@ def run_core(config, steps, workers, inner, outer, skipped=()):
             new = core.local_step(state, g, inner, step)
             states[w] = kept_unless((w, step) not in skipped, new, state)
         if (step + 1) % config.period == 0:
-            sent = []
-            for w, state in enumerate(states):
-                states[w], values = core.commit(config, state)
-                (commit,) = config.to_send(values)
-                sent.append(np.asarray(commit, "float64"))
-            mean = agn.mean_commit(sent, config.communication_dtype)
-            (received,) = config.received([mean], ["float64"])
-            received = np.asarray(received)
-            states = [core.apply(s, [received], outer, step) for s in states]
+
+            def end(w, step=step):
+                def move(state, received):
+                    received = [np.asarray(r) for r in received]
+                    return core.apply(state, received, outer, step)
+
+                return core.end_period(
+                    config, states[w], collectives.of(w), move
+                )
+
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                states = list(pool.map(end, range(workers)))
         history.append(
             (
                 [np.asarray(s.weights[0]) for s in states],
@@ -163,6 +216,47 @@ def test_commits_travel_in_bfloat16_as_the_reference_rounds_them():
         communication_dtype="bfloat16",
     )
     assert_same_history(got, expected.history)
+
+
+@pytest.mark.parametrize(
+    "commit, dtype, feedback",
+    [
+        ("gradients", "int8", False),
+        ("gradients", "int8", True),
+        ("weight_change", "int4", True),
+        ("weight_change", "int4", False),
+    ],
+)
+def test_quantized_commits_end_periods_as_the_reference_quantizes_them(
+    commit, dtype, feedback
+):
+    # 3 workers, 3 periods: each commit quantized in float32 blocks of 128
+    # (with error feedback, the worker's residual added first and what is
+    # dropped kept), decoded, and averaged; the same bits as the reference.
+    config = core.Config(
+        4, commit, communication_dtype=dtype, error_feedback=feedback
+    )
+    inner = OnValues(sgd(0.1))
+    got = run_core(config, 12, 3, inner, OnValues(sgd(0.7, 0.9)))
+
+    def by_hand(**quantized):
+        return agn.agn(
+            START,
+            gradient,
+            12,
+            4,
+            sgd(0.1),
+            sgd(0.7, 0.9),
+            workers=3,
+            commit=commit,
+            **quantized,
+        )
+
+    expected = by_hand(communication_dtype=dtype, error_feedback=feedback)
+    assert_same_history(got, expected.history)
+    # Not float32's: the quantization moved the centers.
+    exact = by_hand()
+    assert not np.array_equal(got[-1][1], exact.history[-1][1])
 
 
 def test_a_move_the_guard_refuses_leaves_the_centers_and_restarts():

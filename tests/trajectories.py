@@ -13,7 +13,8 @@ difference and where it first appears. Two saves of the same code on the
 same machine are bit-identical (`compare` of a file with a second save is
 the check of that). The recipes are issue 51's: plain AGN, DiLoCo,
 `fragments=2`, overlap, bfloat16 commits, Adam with the gradients rule,
-and a skipped non-finite step; then the skipped step with fragments and
+int8 and int4 commits (int4 with error feedback), and a skipped non-finite
+step; then the skipped step with fragments and
 with delayed Nesterov (outer optimizers on values, their moves judged).
 """
 
@@ -57,6 +58,12 @@ def recipes(keras, AGNOptimizer):
         ),
         "adam_gradients": lambda: AGNOptimizer(
             keras.optimizers.Adam(1e-2), PERIOD
+        ),
+        "int8": lambda: AGNOptimizer(
+            sgd(0.05, momentum=0.9), PERIOD, communication_dtype="int8"
+        ),
+        "int4_diloco": diloco(
+            keras.optimizers.Adam, communication_dtype="int4"
         ),
         "nan_skip": lambda: AGNOptimizer(sgd(0.05, momentum=0.9), PERIOD),
         # The outers on values, their moves judged by a guard.

@@ -185,6 +185,8 @@ class State(typing.NamedTuple):
         outer: The outer optimizer's state (what `outer` takes and
             returns).
         period_starts: With overlap, the weights at the period's start.
+        residuals: With error feedback, what quantization dropped from
+            this worker's last commit.
     """
 
     weights: list = None
@@ -193,6 +195,7 @@ class State(typing.NamedTuple):
     centers: list = None
     outer: object = None
     period_starts: list = None
+    residuals: list = None
 
 
 def local_step(state, grads, inner, iteration):
@@ -277,6 +280,52 @@ def apply(state, received, outer, iteration, applied=None):
         )
     centers, outer_state = moved
     return state._replace(centers=centers, outer=outer_state, weights=centers)
+
+
+def end_period(config, state, collectives, move, sent=None):
+    """The end of a period where every worker ends it at once (the
+    synchronous modes): this worker's commit by the rule (`commit`), as it
+    travels (`with_feedback`), reduced over the workers (`reduced`), then
+    `move`d: the outer step and the restart.
+
+    Args:
+        config: The `Config`.
+        state: This worker's `State` (what `commit` reads; the residuals
+            with error feedback).
+        collectives: The workers' collectives (`reduced`'s).
+        move: `move(state, received) -> state`, given the reduced commit:
+            `apply` with the outer optimizer and the guard's verdict, or a
+            backend's own move.
+        sent: The commit, where the step's gradients are (a period of 1,
+            the gradients rule): no `commit` then.
+
+    Returns:
+        The new `State`.
+    """
+    if sent is None:
+        state, sent = commit(config, state)
+    sent, residuals = with_feedback(config, sent, state.residuals)
+    received = reduced(config, sent, collectives)
+    return move(state._replace(residuals=residuals), received)
+
+
+def reduced(config, values, collectives):
+    """Every worker's commit `values` reduced by the rule (`reduce_op`), in
+    the weights' dtypes: through `collectives.all_reduce` in
+    `communication_dtype`, or quantized to 8 or 4 bits, each worker's
+    alike, through `collectives.all_reduce_quantized` (see
+    `replicas.StrategyReplicas`, which says whether Keras divided the
+    gradients: `gradients_divided`)."""
+    reduce_op = config.reduce_op(collectives.gradients_divided)
+    if config.quantized:
+        dtype = config.communication_dtype
+        integers, scales = quantization.encode(values, dtype)
+        total = collectives.all_reduce_quantized(
+            reduce_op, integers, scales, dtype
+        )
+        return quantization.cut(total, values)
+    total = collectives.all_reduce(reduce_op, config.to_send(values))
+    return config.received(total, [v.dtype for v in values])
 
 
 def with_feedback(config, values, residuals):

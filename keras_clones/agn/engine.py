@@ -42,7 +42,6 @@ import numpy as np
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
 from keras_clones.agn import core
-from keras_clones.agn import quantization
 from keras_clones.agn.fragment import NOTHING
 from keras_clones.agn.fragment import RECEIVED
 from keras_clones.agn.fragment import SENT
@@ -271,72 +270,52 @@ class PeriodEngine:
         fragment.assign(self.replicas, "variable", fragment.gather("center"))
 
     def _reduce_and_move(self, fragment, hooks, grads):
-        """In a replica: the workers' commits of the fragment's period,
-        reduced, move its centers; its accumulators restart."""
-        restarted = None
-        if grads is None:
-            restarted, grads = self._period_commit(fragment)
-        reduced = self._all_reduce(self._quantized(fragment, grads))
-        self._report_skips(hooks)
-        self._move_centers(fragment, reduced, hooks)
-        self._restart(fragment, restarted)
+        """In a replica: `core.end_period` on the fragment's state, the
+        replicas its collectives; the reduced commit moves its centers
+        (`_move_centers`); its accumulators and residuals are kept as the
+        commit left them."""
 
-    def _period_commit(self, fragment):
-        """This replica's commit of the fragment's period (`core.commit`):
-        the state with its accumulators restarted, and the commit."""
+        def move(state, received):
+            self._report_skips(hooks)
+            self._move_centers(fragment, received, hooks)
+            return state
+
+        state = self._period_state(fragment, commits=grads is None)
+        state = core.end_period(
+            self.config, state, self.replicas, move, sent=grads
+        )
+        self._keep(fragment, state)
+
+    def _period_state(self, fragment, commits=True):
+        """In a replica: the fragment's `core.State` as a period's end
+        reads it: what `core.commit` takes (unless not `commits`), and the
+        residuals where they feed back."""
         config = self.config
-        if config.commit == "gradients":
+        state = core.State()
+        if commits and config.commit == "gradients":
             state = core.State(accumulators=fragment.gather("accumulator"))
-        elif config.overlap:
+        elif commits and config.overlap:
             state = core.State(
                 weights=fragment.gather("variable"),
                 period_starts=fragment.gather("period_start"),
             )
-        else:
+        elif commits:
             state = core.State(
                 weights=fragment.gather("variable"),
                 centers=fragment.gather("center"),
             )
-        return core.commit(config, state)
+        if config.quantized and config.error_feedback:
+            state = state._replace(residuals=fragment.gather("residual"))
+        return state
 
-    def _quantized(self, fragment, values):
-        """In a replica: this worker's commit of the fragment as it is
-        quantized (`core.with_feedback`), its residual kept where it feeds
-        back."""
-        config = self.config
-        if not config.quantized:
-            return values
-        residuals = None
-        if config.error_feedback:
-            residuals = fragment.gather("residual")
-        values, residuals = core.with_feedback(config, values, residuals)
-        if config.error_feedback:
-            fragment.assign_here("residual", residuals)
-        return values
-
-    def _restart(self, fragment, restarted):
-        """In a replica: the fragment's accumulators as the commit left
-        them (restarted), where the commit took them."""
-        if restarted is not None and restarted.accumulators is not None:
-            fragment.assign_here("accumulator", restarted.accumulators)
-
-    def _all_reduce(self, values):
-        """Every replica's commits, reduced by the rule (a sum of gradients
-        Keras has divided by the replicas, a mean of weight changes), in
-        `communication_dtype`; quantized to 8 or 4 bits, each replica's
-        quantized alike, then reduced as the backend's collectives do."""
-        config = self.config
-        replicas = self.replicas
-        reduce_op = config.reduce_op(replicas.gradients_divided)
-        if config.quantized:
-            dtype = config.communication_dtype
-            integers, scales = quantization.encode(values, dtype)
-            reduced = replicas.all_reduce_quantized(
-                reduce_op, integers, scales, dtype
-            )
-            return quantization.cut(reduced, values)
-        reduced = replicas.all_reduce(reduce_op, config.to_send(values))
-        return config.received(reduced, [v.dtype for v in values])
+    def _keep(self, fragment, state):
+        """In a replica: the fragment's accumulators (where a commit
+        restarted them) and residuals (with error feedback), as `state`
+        holds them after a period's end."""
+        if state.accumulators is not None:
+            fragment.assign_here("accumulator", state.accumulators)
+        if state.residuals is not None:
+            fragment.assign_here("residual", state.residuals)
 
     def _move_centers(self, fragment, reduced, hooks):
         """In a replica (or outside any strategy): `reduced` moves the
@@ -434,7 +413,8 @@ class PeriodEngine:
 
     def _reduce_in_flight(self, fragment):
         sent = fragment.gather("in_flight", read=self.replicas.read_own)
-        fragment.assign_here("in_flight", self._all_reduce(sent))
+        received = core.reduced(self.config, sent, self.replicas)
+        fragment.assign_here("in_flight", received)
 
     def _move_received(self, fragment, hooks):
         received = fragment.gather("in_flight", read=self.replicas.read_own)
@@ -444,9 +424,11 @@ class PeriodEngine:
         """In a replica: this worker's commit of the fragment's period, into
         its slots."""
         self._report_skips(hooks)
-        restarted, values = self._period_commit(fragment)
-        fragment.assign_here("in_flight", self._quantized(fragment, values))
-        self._restart(fragment, restarted)
+        config = self.config
+        state, values = core.commit(config, self._period_state(fragment))
+        values, residuals = core.with_feedback(config, values, state.residuals)
+        fragment.assign_here("in_flight", values)
+        self._keep(fragment, state._replace(residuals=residuals))
 
     def _mix(self, fragment):
         """The fragment's local weights become `mixing * local + (1 -
