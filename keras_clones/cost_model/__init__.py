@@ -21,9 +21,9 @@ accuracy (`step_factor`, e.g. 1.5: half as many again), so it wins when
 
     step_factor * step(period) < synchronous step,
 
-which needs a round to cost more than `(step_factor - 1) * compute`; the
-break-even period and bandwidth follow (`StepCost.break_even_period`,
-`StepCost.break_even_bandwidth`).
+which needs synchronous training's round to cost more than
+`(step_factor - 1) * compute`; the break-even period and bandwidth follow
+(`StepCost.break_even_period`, `StepCost.break_even_bandwidth`).
 
     from keras_clones.cost_model import StepCost
     cost = StepCost(compute_seconds=0.003, hop_seconds=0.004,
@@ -328,7 +328,9 @@ class StepCost:
         """The bandwidth (bits per second) below which AGN at `period`
         reaches a target sooner than synchronous training: `math.inf` if it
         does at any bandwidth (the overhead alone is enough), 0.0 if at
-        none (`period <= step_factor`)."""
+        none (its rounds, `step_factor` times as many steps, queue no fewer
+        bytes a step than synchronous training's: with the same bytes,
+        `period <= step_factor`)."""
         period = _check_count("period", period, 1)
         step_factor = _check_step_factor(step_factor)
         synchronous = self.synchronous
