@@ -399,8 +399,8 @@ def test_a_negative_value_after_a_space_gets_the_options_own_message(
         ),
         (
             {"period": "0"},
-            "--period must be at least 1 (AGN's communication_period; 1 is "
-            "synchronous training). Received: 0. Pass e.g. --period 64.",
+            "--period must be at least 1 (AGN's communication_period; 1 "
+            "commits every step). Received: 0. Pass e.g. --period 64.",
         ),
         (
             {"step_factor": "0.5"},
@@ -648,12 +648,16 @@ def test_synchronous_training_all_reduces_float32_whatever_agn_sends():
     assert alike.synchronous is alike
 
 
-@pytest.mark.parametrize("hop_seconds", [0.0, 0.004])
+@pytest.mark.parametrize(
+    "hop_seconds, execution", [(0.0, None), (0.004, None), (0.004, 1)]
+)
 def test_the_break_evens_with_float32_synchronous_training_are_where_it_ties(
-    hop_seconds,
+    hop_seconds, execution
 ):
-    # A slow step (100 ms) and an all-gather of int8 commits on 4 workers:
-    # the break-evens are where speed_up crosses 1, found by scanning.
+    # A slow step (100 ms) and an all-gather of int8 commits on 4 workers
+    # (3 ring steps a round; the logs' all-reduce, with
+    # `steps_per_execution`, 6 in both): the break-evens are where
+    # speed_up crosses 1, found by scanning.
     cost = mlp_cost(
         compute_seconds=0.1,
         hop_seconds=hop_seconds,
@@ -663,18 +667,29 @@ def test_the_break_evens_with_float32_synchronous_training_are_where_it_ties(
         synchronous_bytes=MLP_BYTES,
     )
     bandwidth = 1e9
-    period = cost.break_even_period(bandwidth, 1.5)
-    assert cost.speed_up(period, bandwidth, 1.5) > 1
-    assert cost.speed_up(period - 1, bandwidth, 1.5) <= 1
-    below = cost.break_even_bandwidth(64, 1.5)
+    period = cost.break_even_period(bandwidth, 1.5, execution)
+    assert period >= 2
+    assert cost.speed_up(period, bandwidth, 1.5, execution) > 1
+    assert cost.speed_up(period - 1, bandwidth, 1.5, execution) <= 1
+    below = cost.break_even_bandwidth(64, 1.5, execution)
     assert math.isfinite(below)
-    assert cost.speed_up(64, below, 1.5) == pytest.approx(1.0)
-    assert cost.speed_up(64, below * 0.99, 1.5) > 1
-    assert cost.speed_up(64, below * 1.01, 1.5) < 1
+    assert cost.speed_up(64, below, 1.5, execution) == pytest.approx(1.0)
+    assert cost.speed_up(64, below * 0.99, 1.5, execution) > 1
+    assert cost.speed_up(64, below * 1.01, 1.5, execution) < 1
     # Period 1 at twice the steps puts 2 x 3 int8 payloads a step through
     # the queue, more than the 2 x 3 / 4 float32 models of synchronous
     # training: no bandwidth is slow enough.
     assert cost.break_even_bandwidth(1, 2.0) == 0.0
+
+
+def test_commits_in_fewer_bytes_can_win_at_every_step():
+    # int4 at 10 Mbit/s with no extra steps: its period 1 (gradients sent
+    # in int4 every step) already beats float32 synchronous training.
+    cost = int4_mlp_cost()
+    assert cost.speed_up(1, 1e7, 1.0) > 1
+    assert cost.break_even_period(1e7, 1.0) == 1
+    # Sending alike, period 1 is synchronous training: 2 at the least.
+    assert mlp_cost().break_even_period(1e7, 1.0) == 2
 
 
 def test_synchronous_bytes_must_be_a_positive_number():

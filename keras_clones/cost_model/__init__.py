@@ -270,11 +270,13 @@ class StepCost:
         return self.collective_overhead + transfer
 
     def _logs_overhead(self, steps_per_execution):
-        """The logs' collective, per step."""
+        """The logs' collective (an all-reduce, `2 (n - 1)` ring steps
+        whatever form a round travels in), per step."""
         steps_per_execution = _check_steps_per_execution(steps_per_execution)
         if steps_per_execution is None:
             return 0.0
-        return self.collective_overhead / steps_per_execution
+        all_reduce = 2 * (self.workers - 1) * self.hop_seconds
+        return all_reduce / steps_per_execution
 
     def step_seconds(
         self, period, bandwidth, steps_per_execution=None, burst_bytes=0.0
@@ -306,8 +308,10 @@ class StepCost:
         self, bandwidth, step_factor, steps_per_execution=None
     ):
         """The shortest period at which AGN reaches a target sooner than
-        synchronous training at `bandwidth` (at least 2); None if no period
-        does (synchronous training's round costs no more than
+        synchronous training at `bandwidth`: at least 2 where a round sends
+        what synchronous training's does (period 1 is then synchronous
+        training), 1 where commits in fewer bytes win at every step; None if
+        no period does (synchronous training's round costs no more than
         `(step_factor - 1)` steps' compute)."""
         step_factor = _check_step_factor(step_factor)
         round_ = self.round_seconds(bandwidth)
@@ -320,17 +324,19 @@ class StepCost:
             return None
         # Strictly sooner: the first integer above step_factor * round_ /
         # margin (a tie is no gain).
-        return max(2, math.floor(step_factor * round_ / margin + 1e-9) + 1)
+        return max(1, math.floor(step_factor * round_ / margin + 1e-9) + 1)
 
     def break_even_bandwidth(
         self, period, step_factor, steps_per_execution=None
     ):
         """The bandwidth (bits per second) below which AGN at `period`
         reaches a target sooner than synchronous training: `math.inf` if it
-        does at any bandwidth (the overhead alone is enough), 0.0 if at
-        none (its rounds, `step_factor` times as many steps, queue no fewer
-        bytes a step than synchronous training's: with the same bytes,
-        `period <= step_factor`)."""
+        does at any bandwidth (the overhead alone is enough), 0.0 if below
+        none: its rounds, over `step_factor` times the steps, queue no fewer
+        bytes a step than synchronous training's (with the same bytes,
+        `period <= step_factor`). AGN may then still be sooner above some
+        bandwidth, where it waits on fewer ring steps (an all-gather's
+        `n - 1`): `speed_up` says."""
         period = _check_count("period", period, 1)
         step_factor = _check_step_factor(step_factor)
         synchronous = self.synchronous

@@ -165,17 +165,11 @@ def _format_count(value):
     return f"{value:,.10g}"
 
 
-def _synchronous_bytes(args):
-    """What synchronous training all-reduces a step: with `--params`, its
-    float32 gradients; else (`--model-bytes`) None, the round's bytes."""
-    if args.params is None:
-        return None
-    return float(int(float(args.params)) * DTYPE_BYTES["float32"])
-
-
 def _model_bytes(args):
     """The bytes per round from `--model-bytes`, or `--params` and
-    `--dtype`; and the output's line that says how they were read."""
+    `--dtype`; what synchronous training all-reduces a step (with
+    `--params`, its float32 gradients; with `--model-bytes`, None: the
+    round's bytes); and the output's line that says how they were read."""
     if args.model_bytes is not None and args.params is not None:
         raise _OptionError(
             "--model-bytes and --params both give the model's size: pass "
@@ -203,10 +197,12 @@ def _model_bytes(args):
             "bytes per round, AGNOptimizer.bytes_per_round",
             "1077288",
         )
-        return model_bytes, f"model: {_format_count(model_bytes)} bytes a round"
+        line = f"model: {_format_count(model_bytes)} bytes a round"
+        return model_bytes, None, line
     params = _option_count(
         "--params", args.params, "the model's parameters", "269322", 1
     )
+    gradients = float(params * DTYPE_BYTES["float32"])
     dtype = "float32" if args.dtype is None else args.dtype.lower()
     if dtype not in DTYPES:
         raise _OptionError(
@@ -218,17 +214,19 @@ def _model_bytes(args):
         values = commit_bytes.value_bytes(params, dtype)
         scales = commit_bytes.scale_bytes(params)
         model_bytes = float(values + scales)
-        return model_bytes, (
+        line = (
             f"model: {_format_count(params)} parameters in {dtype} = "
             f"{_format_count(values)} bytes + {_format_count(scales)} bytes "
             f"of scales = {_format_count(model_bytes)} bytes a round"
         )
+        return model_bytes, gradients, line
     size = DTYPE_BYTES[dtype]
     model_bytes = float(params * size)
-    return model_bytes, (
+    line = (
         f"model: {_format_count(params)} parameters x {size} bytes "
         f"({dtype}) = {_format_count(model_bytes)} bytes a round"
     )
+    return model_bytes, gradients, line
 
 
 def _form(args):
@@ -369,7 +367,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(_join_negative_values(argv))
     try:
-        model_bytes, model_line = _model_bytes(args)
+        model_bytes, synchronous_bytes, model_line = _model_bytes(args)
         compute = _option_number(
             "--compute-ms",
             args.compute_ms,
@@ -387,7 +385,7 @@ def main(argv=None):
         period = _option_count(
             "--period",
             args.period,
-            "AGN's communication_period; 1 is synchronous training",
+            "AGN's communication_period; 1 commits every step",
             "64",
             1,
         )
@@ -420,7 +418,7 @@ def main(argv=None):
             workers,
             shared_link=not args.own_links,
             form=_form(args),
-            synchronous_bytes=_synchronous_bytes(args),
+            synchronous_bytes=synchronous_bytes,
         )
         synchronous = cost.synchronous.step_seconds(1, bandwidth, execution)
         agn = cost.step_seconds(period, bandwidth, execution)
@@ -434,8 +432,8 @@ def main(argv=None):
     print(_link_line(bandwidth, workers, cost.shared_link, cost.form))
     print(f"round (one {cost.form}): {1e3 * round_:.1f} ms")
     sent = ""
-    if cost.synchronous is not cost and (
-        cost.synchronous_bytes != model_bytes or cost.form != "all-reduce"
+    if synchronous_bytes is not None and (
+        synchronous_bytes != model_bytes or cost.form != "all-reduce"
     ):
         sent = (
             f" (float32 gradients all-reduced: "
