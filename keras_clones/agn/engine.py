@@ -288,25 +288,29 @@ class PeriodEngine:
 
     def _period_state(self, fragment, commits=True):
         """In a replica: the fragment's `core.State` as a period's end
-        reads it: what `core.commit` takes (unless not `commits`), and the
-        residuals where they feed back."""
+        reads it: what `core.commit` takes (unless not `commits`: the
+        step's gradients are the commit), and the residuals where they feed
+        back."""
         config = self.config
-        state = core.State()
-        if commits and config.commit == "gradients":
-            state = core.State(accumulators=fragment.gather("accumulator"))
-        elif commits and config.overlap:
-            state = core.State(
-                weights=fragment.gather("variable"),
-                period_starts=fragment.gather("period_start"),
-            )
-        elif commits:
-            state = core.State(
-                weights=fragment.gather("variable"),
-                centers=fragment.gather("center"),
-            )
+        state = self._commit_reads(fragment) if commits else core.State()
         if config.quantized and config.error_feedback:
             state = state._replace(residuals=fragment.gather("residual"))
         return state
+
+    def _commit_reads(self, fragment):
+        """In a replica: the fragment's `core.State` that `core.commit`
+        reads, by the rule."""
+        if self.config.commit == "gradients":
+            return core.State(accumulators=fragment.gather("accumulator"))
+        if self.config.overlap:
+            return core.State(
+                weights=fragment.gather("variable"),
+                period_starts=fragment.gather("period_start"),
+            )
+        return core.State(
+            weights=fragment.gather("variable"),
+            centers=fragment.gather("center"),
+        )
 
     def _keep(self, fragment, state):
         """In a replica: the fragment's accumulators (where a commit

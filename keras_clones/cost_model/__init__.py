@@ -234,14 +234,17 @@ class StepCost:
             synchronous_bytes=None,
         )
 
+    def _ring_steps(self, form):
+        """The ring steps of one collective in `form`: `2 (n - 1)`, or
+        `n - 1` for an all-gather."""
+        steps = self.workers - 1
+        return steps if form == "all-gather" else 2 * steps
+
     @property
     def collective_overhead(self):
         """One collective's overhead: `2 (n - 1)` ring steps (`n - 1` for
         an all-gather)."""
-        steps = self.workers - 1
-        if self.form != "all-gather":
-            steps *= 2
-        return steps * self.hop_seconds
+        return self._ring_steps(self.form) * self.hop_seconds
 
     def _round_bytes(self):
         return ring_bytes(
@@ -275,7 +278,7 @@ class StepCost:
         steps_per_execution = _check_steps_per_execution(steps_per_execution)
         if steps_per_execution is None:
             return 0.0
-        all_reduce = 2 * (self.workers - 1) * self.hop_seconds
+        all_reduce = self._ring_steps("all-reduce") * self.hop_seconds
         return all_reduce / steps_per_execution
 
     def step_seconds(
