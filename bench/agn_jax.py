@@ -42,6 +42,11 @@ VARIANTS = {"Adam": None} | {  # name: AGN's options (None: bare Adam).
     for commit in ("gradients", "weight_change")
     for suffix, options in (("", {}), (" bf16", BF16))
 }
+# Its period end asked in each step (a conditional), as before
+# `keras_clones.period_programs`: Keras's own train function, for a model
+# whose `train_step` is its own.
+IN_STEP = "AGN(10) weight_change, period end in the step"
+VARIANTS[IN_STEP] = {"commit": "weight_change", "in_step": True}
 # With --inf-nan: AGN(10) weight_change under InfNanCheck, whose "stop"
 # (and "raise") reads its counters each batch through the state sync.
 UNCHECKED = "AGN(10) weight_change"
@@ -91,11 +96,21 @@ def dataset(size):
         yield from batches
 
 
+class PeriodEndInStep(keras.Sequential):
+    """A Sequential model of its own `train_step` (Keras's), which Keras's
+    own train function runs: the period end a conditional in each step."""
+
+    def train_step(self, state, data):
+        return super().train_step(state, data)
+
+
 def compiled(options, steps_per_execution, size):
     """A fresh MLP of `size`, compiled with Adam or AGN of `options`."""
     features, hidden, layers, _ = size
     keras.utils.set_random_seed(SEED)
-    model = keras.Sequential(
+    options = dict(options) if options is not None else None
+    in_step = options is not None and options.pop("in_step", False)
+    model = (PeriodEndInStep if in_step else keras.Sequential)(
         [keras.Input((features,))]
         + [keras.layers.Dense(hidden, activation="relu") for _ in range(layers)]
         + [keras.layers.Dense(CLASSES)]
@@ -197,6 +212,8 @@ def throughput_tables(runs, args):
             goal = CPU_GOAL if on_cpu else GOALS[commit]
             if "check" in options or (on_cpu and commit != "weight_change"):
                 goal = None
+            if name == IN_STEP:
+                goal = None
             ratios = harness.ratios_of(
                 runs[name, spe], runs["Adam", spe], "steps_per_s"
             )
@@ -204,6 +221,14 @@ def throughput_tables(runs, args):
                 [f"{name} / Adam, spe {spe}", *(f"{r:.3f}" for r in ratios)]
                 + [goal or "-", harness.met(ratios, goal) if goal else "-"]
             )
+        ratios = harness.ratios_of(
+            runs[UNCHECKED, spe], runs[IN_STEP, spe], "steps_per_s"
+        )
+        ratio_rows.append(
+            [f"{UNCHECKED} / {IN_STEP}, spe {spe}"]
+            + [f"{r:.3f}" for r in ratios]
+            + ["-", "-"]
+        )
     return (
         harness.table(
             ["contender", "steps_per_execution", "best steps/s"]

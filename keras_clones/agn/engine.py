@@ -87,12 +87,15 @@ class PeriodEngine:
 
     # A local step.
 
-    def step(self, grads, variables, hooks, applied, starts=True):
+    def step(self, grads, variables, hooks, applied, starts=True, ending=None):
         """One local step in a replica context: `grads` applied to
         `variables` where `applied` (a boolean tensor, or None: always),
         then counted, and the period's end where the schedule says. With
         `starts`, a first step copies the model into the centers first
-        (else the caller did: `start_from_model`)."""
+        (else the caller did: `start_from_model`). `ending`, where the
+        caller knows it (see `AGNOptimizer.steps_ending`), is the fragments
+        whose periods this step ends, with no conditional; None: the
+        schedule says in the step."""
         replicas = self.replicas
         replicas.check_step_context()
         if starts:
@@ -110,7 +113,7 @@ class PeriodEngine:
                 self._count_skip(applied)
         pairs = gradients.with_gradients(grads, variables, warn=False)
         pairs = [(g, v) for g, v in pairs if not gradients.overwrites(v)]
-        replicas.merge_call(self._count_step, pairs, hooks, applied)
+        replicas.merge_call(self._count_step, pairs, hooks, applied, ending)
         self._count_iterations(1)
 
     def _start_from_model(self, variables):
@@ -183,7 +186,7 @@ class PeriodEngine:
         )
         state.first_skipped.assign(ops.where(first, iteration, first_skipped))
 
-    def _count_step(self, pairs, hooks, applied):
+    def _count_step(self, pairs, hooks, applied, ending):
         self.state.local_step.assign_add(1)
         config = self.config
         if not config.local:
@@ -202,6 +205,11 @@ class PeriodEngine:
             return
         if config.delay and self._execution_ends_periods:
             return  # `commits_around_execution` ends the period.
+        if ending is not None:  # Known where the step was traced.
+            for index in ending:
+                fragment = self.state.fragments[index]
+                self._period_end(fragment, pairs, hooks)()
+            return
         step = gradients.read(self.state.local_step)
         for index, ends in config.ending(step):
             fragment = self.state.fragments[index]

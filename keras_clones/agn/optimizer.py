@@ -184,6 +184,7 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         self._step_hooks = StepHooks()
         self._replicas = replicas.for_this_backend(self._state_and_model)
         self._started_before = 0  # Above 0: in `started_before_steps`.
+        self._known_ending = None  # In `steps_ending`: its fragments.
         self._judges = [self._step_hooks]  # `commits_judged_by`'s, last.
         arguments.remember_wrapper(self, (optimizer, outer_optimizer))
 
@@ -338,8 +339,7 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         self._check_built_on(variables)
         hooks = self._step_hooks
         applied = hooks.decide(Step(grads, variables), alone=self.skips_alone)
-        starts = not self._started_before
-        self._engine.step(grads, variables, hooks, applied, starts)
+        self._engine.step(grads, variables, hooks, applied, **self._traced())
 
     def _check_built_on(self, variables):
         """Refuses variables the optimizer was not built on."""

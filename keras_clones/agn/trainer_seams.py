@@ -103,8 +103,17 @@ class AGNTrainerSeams:
             trainable_variables,
             step_hooks,
             applied,
-            starts=not self._started_before,
+            **self._traced(),
         )
+
+    def _traced(self):
+        """What the contexts entered say of the step being traced: whether
+        it copies the model into the centers first (`started_before_steps`)
+        and which periods it ends, where known (`steps_ending`)."""
+        return {
+            "starts": not self._started_before,
+            "ending": self._known_ending,
+        }
 
     @property
     def skips_alone(self):
@@ -145,6 +154,43 @@ class AGNTrainerSeams:
             yield
         finally:
             self._started_before -= 1
+
+    @contextlib.contextmanager
+    def steps_ending(self, fragments):
+        """A context in which the steps traced end the periods of
+        `fragments` and no other's, with no conditional: whoever runs them
+        runs them only at the local steps where `core_config.ending` says
+        so (and one local step each). A period's end asked in the step is a
+        conditional, which a GPU pays every step as a copy of what its
+        untaken branch passes through (every weight and center); Keras's
+        JAX trainer, with keras_clones, runs a program traced in this
+        context for each answer instead (`keras_clones.period_programs`).
+
+        Args:
+            fragments: The indices of the fragments whose periods end (a
+                tuple, empty for a step that ends none).
+        """
+        if not self._core_config.local:
+            raise ValueError(
+                "`steps_ending` is for local steps: with a "
+                "`communication_period` of 1 every step ends the period, in "
+                "every program. Received: communication_period="
+                f"{self.communication_period}."
+            )
+        count = self.fragments
+        if not isinstance(fragments, tuple) or not all(
+            type(f) is int and 0 <= f < count for f in fragments
+        ):
+            raise TypeError(
+                "`fragments` must be a tuple of fragment indices, each in "
+                f"[0, {count}) (`fragments={count}`). Received: "
+                f"fragments={fragments!r}."
+            )
+        outer, self._known_ending = self._known_ending, fragments
+        try:
+            yield
+        finally:
+            self._known_ending = outer
 
     @contextlib.contextmanager
     def commits_judged_by(self, step_hooks):

@@ -47,6 +47,7 @@ import keras
 from keras_clones import _keras_internals as internals
 from keras_clones import first_step
 from keras_clones import gradients
+from keras_clones import period_programs
 from keras_clones.jax_processes import backup
 from keras_clones.jax_processes import train_function
 from keras_clones.jax_processes.workers import Workers
@@ -315,13 +316,21 @@ def jax_state_sync(keras_sync, model):
 
 
 def make_train_function(keras_make, model, force=False):
-    """Keras's `make_train_function`, or this module's train function
-    across processes."""
-    if model.optimizer is None or not across_processes(model):
+    """Keras's `make_train_function`, or keras_clones's train function
+    for an `AGNOptimizer`: across processes, this module's; in one
+    process, its period ends out of the steps that end none
+    (`period_programs`)."""
+    if model.optimizer is None:
         return keras_make(model, force)
     if model.train_function is not None and not force:
         return
-    model.train_function = train_function.make(model, workers())
+    if across_processes(model):
+        model.train_function = train_function.make(model, workers())
+        return
+    function = period_programs.train_function(model)
+    if function is None:
+        return keras_make(model, force)
+    model.train_function = function
 
 
 def metrics_result_or_logs(keras_result, model, logs):

@@ -1,0 +1,107 @@
+"""An `AGNOptimizer`'s period ends kept out of the steps that end none,
+under Keras's JAX trainer: one compiled program per answer to "whose
+period does this step end?", chosen on the host.
+
+Asked in the step, a period's end is a conditional, which XLA compiles on
+a GPU as a copy of every value its untaken branch passes through: the
+weights and the centers, every step (bench/RESULTS.md, "Where the time
+goes: XLA's conditionals copy what they pass through"). So the train
+function of a model compiled with an `AGNOptimizer` (Keras's
+`make_train_function`, in one process) traces Keras's `train_step` once
+per answer instead, each inside `AGNOptimizer.steps_ending`: a program
+that ends no period (most steps), and one for each fragment whose period
+ends, each compiled the first time it runs. The host knows the local
+step: it reads it from the state where that is not the state its last
+step returned, and counts one a step from there, as the optimizer counts
+(a step a guard skips included).
+
+It acts where that count holds: Keras's own `train_step` (one local step
+each), the model's optimizer the `AGNOptimizer` itself (a
+`LossScaleOptimizer` around one leaves out the steps it skips, uncounted),
+a period longer than 1, and compiled steps with no `keras.distribution`.
+Elsewhere Keras's own train function runs, with the conditionals in the
+step.
+"""
+
+import jax
+import keras
+
+from keras_clones.agn.optimizer import AGNOptimizer
+
+
+def train_function(model):
+    """`model`'s train function of period-end programs, as Keras's JAX
+    trainer calls it (`(state, iterator) -> (logs, state)`), or None where
+    it does not act (see the module's docstring)."""
+    optimizer = model.optimizer
+    acts = (
+        isinstance(optimizer, AGNOptimizer)
+        and optimizer.core_config.local
+        and type(model).train_step is keras.Model.train_step
+        and model.jit_compile
+        and not model.run_eagerly
+        and keras.distribution.distribution() is None
+        and not keras.config.is_nnx_enabled()
+    )
+    return ProgramsByPeriodEnd(model, optimizer) if acts else None
+
+
+class ProgramsByPeriodEnd:
+    """A train function that runs each step in the program of the periods
+    it ends (see the module's docstring).
+
+    Args:
+        model: The model, whose `train_step` the programs trace.
+        optimizer: Its `AGNOptimizer`.
+    """
+
+    def __init__(self, model, optimizer):
+        self._model = model
+        self._optimizer = optimizer
+        self.programs = {}  # The fragments whose periods end: the program.
+        self._index = None  # The local step's place in the state.
+        self._last = None  # The local step the last step returned, counted.
+
+    def __call__(self, state, iterator):
+        # As Keras's: `steps_per_execution` steps, fewer where the data ends.
+        logs, state = self._step(state, next(iterator))
+        for _ in range(self._model.steps_per_execution - 1):
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            logs, state = self._step(state, batch)
+        return logs, state
+
+    def _step(self, state, batch):
+        if self._index is None:
+            local_step = self._optimizer.local_step
+            self._index = next(
+                i
+                for i, v in enumerate(self._optimizer.variables)
+                if v is local_step
+            )
+        before = state[2][self._index]
+        if self._last is not None and self._last[0] is before:
+            step = self._last[1] + 1
+        else:
+            step = int(before) + 1  # Set elsewhere since: read once.
+        config = self._optimizer.core_config
+        ending = tuple(f for f, ends in config.ending(step) if ends)
+        logs, state = self._program(ending)(state, batch)
+        self._last = (state[2][self._index], step)
+        return logs, state
+
+    def _program(self, ending):
+        """The compiled step that ends the periods of `ending` alone."""
+        program = self.programs.get(ending)
+        if program is None:
+            model, optimizer = self._model, self._optimizer
+
+            def step(state, batch):
+                with optimizer.steps_ending(ending):
+                    return model.train_step(state, batch)
+
+            program = jax.jit(step, donate_argnums=0)
+            self.programs[ending] = program
+        return program
