@@ -23,27 +23,94 @@ Elsewhere Keras's own train function runs, with the conditionals in the
 step.
 """
 
+import contextlib
+
 import jax
 import keras
 
 from keras_clones.agn.optimizer import AGNOptimizer
 
 
-def train_function(model):
-    """`model`'s train function of period-end programs, as Keras's JAX
-    trainer calls it (`(state, iterator) -> (logs, state)`), or None where
-    it does not act (see the module's docstring)."""
+def counted_optimizer(model):
+    """The `AGNOptimizer` whose local steps the host can count for
+    `model`'s train function (Keras's own `train_step`, the optimizer
+    itself, a period longer than 1), else None."""
     optimizer = model.optimizer
-    acts = (
+    if (
         isinstance(optimizer, AGNOptimizer)
         and optimizer.core_config.local
         and type(model).train_step is keras.Model.train_step
+    ):
+        return optimizer
+    return None
+
+
+def train_function(model):
+    """`model`'s train function of period-end programs in one process, as
+    Keras's JAX trainer calls it (`(state, iterator) -> (logs, state)`), or
+    None where it does not act (see the module's docstring)."""
+    optimizer = counted_optimizer(model)
+    acts = (
+        optimizer is not None
         and model.jit_compile
         and not model.run_eagerly
         and keras.distribution.distribution() is None
         and not keras.config.is_nnx_enabled()
     )
     return ProgramsByPeriodEnd(model, optimizer) if acts else None
+
+
+def traced_for(optimizer, ending):
+    """The context to trace steps ending the periods of `ending` in: the
+    optimizer's `steps_ending`; none where `ending` is None (unknown: the
+    step asks)."""
+    if ending is None:
+        return contextlib.nullcontext()
+    return optimizer.steps_ending(ending)
+
+
+class LocalStepCount:
+    """An `AGNOptimizer`'s local step as the host counts it over the states
+    of Keras's JAX trainer (`(trainable, non-trainable, optimizer, metrics)`
+    variables' values): read from a state that is not the one the last
+    steps returned, else counted one a step.
+
+    Args:
+        optimizer: The `AGNOptimizer` (built by the first call).
+        read: Reads an int from the local step's array in a state.
+    """
+
+    def __init__(self, optimizer, read=int):
+        self._optimizer = optimizer
+        self._read = read
+        self._index = None  # The local step's place in the state.
+        self._last = None  # The local step the last steps returned, counted.
+
+    def endings(self, state, steps):
+        """For each of the next `steps` steps from `state`, the fragments
+        whose periods it ends (a tuple)."""
+        if self._index is None:
+            local_step = self._optimizer.local_step
+            self._index = next(
+                i
+                for i, v in enumerate(self._optimizer.variables)
+                if v is local_step
+            )
+        before = state[2][self._index]
+        if self._last is not None and self._last[0] is before:
+            step = self._last[1]
+        else:
+            step = self._read(before)  # Set elsewhere since: read once.
+        self._last = (None, step + steps)
+        config = self._optimizer.core_config
+        return [
+            tuple(f for f, ends in config.ending(s) if ends)
+            for s in range(step + 1, step + steps + 1)
+        ]
+
+    def returned(self, state):
+        """The state the steps counted by the last `endings` returned."""
+        self._last = (state[2][self._index], self._last[1])
 
 
 class ProgramsByPeriodEnd:
@@ -58,9 +125,8 @@ class ProgramsByPeriodEnd:
     def __init__(self, model, optimizer):
         self._model = model
         self._optimizer = optimizer
+        self._count = LocalStepCount(optimizer)
         self.programs = {}  # The fragments whose periods end: the program.
-        self._index = None  # The local step's place in the state.
-        self._last = None  # The local step the last step returned, counted.
 
     def __call__(self, state, iterator):
         # As Keras's: `steps_per_execution` steps, fewer where the data ends.
@@ -74,22 +140,9 @@ class ProgramsByPeriodEnd:
         return logs, state
 
     def _step(self, state, batch):
-        if self._index is None:
-            local_step = self._optimizer.local_step
-            self._index = next(
-                i
-                for i, v in enumerate(self._optimizer.variables)
-                if v is local_step
-            )
-        before = state[2][self._index]
-        if self._last is not None and self._last[0] is before:
-            step = self._last[1] + 1
-        else:
-            step = int(before) + 1  # Set elsewhere since: read once.
-        config = self._optimizer.core_config
-        ending = tuple(f for f, ends in config.ending(step) if ends)
+        (ending,) = self._count.endings(state, 1)
         logs, state = self._program(ending)(state, batch)
-        self._last = (state[2][self._index], step)
+        self._count.returned(state)
         return logs, state
 
     def _program(self, ending):

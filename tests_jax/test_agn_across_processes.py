@@ -3,6 +3,7 @@
 variant of tests_jax/workers/variants.py against AGN by hand
 (tests/reference), at `steps_per_execution` 1 and 3."""
 
+import ast
 import json
 import os
 import pathlib
@@ -185,32 +186,64 @@ def collectives(text):
     return found
 
 
+# Per variant and steps per execution, the programs of steps fit made:
+# ("step" or "scanned", the fragments whose periods they end; None where
+# each step asks, an execution ending a period before its last step).
+PROGRAMS = {
+    ("contrib_fragments", 1): {("step", ()), ("step", (0,)), ("step", (1,))},
+    ("contrib_fragments", 3): {("scanned", None)},
+    ("contrib_nan", 1): {("step", ()), ("step", (0,))},
+    ("contrib_nan", 3): {
+        ("scanned", ()),
+        ("scanned", None),
+        ("scanned", (0,)),
+    },
+}
+
+
 @pytest.mark.parametrize("steps_per_execution", EXECUTIONS)
 @pytest.mark.parametrize(
     "name, reductions, gathers",
-    [("contrib_fragments", 2, 0), ("contrib_nan", 1, 1)],
+    [("contrib_fragments", 1, 0), ("contrib_nan", 1, 1)],
     ids=["a flat all-reduce per fragment", "and a skip gather with a guard"],
 )
-def test_steps_communicate_only_inside_the_period_end_conditional(
+def test_steps_communicate_only_where_a_period_ends(
     variants_out, name, reductions, gathers, steps_per_execution
 ):
-    # One step a program, or an execution's steps (a loop) in one.
-    path = variants_out / f"{name}.steps.{steps_per_execution}.txt"
-    found = collectives(path.read_text())
-    lines = [line for lines in found.values() for line in lines]
-    assert not [c for c in found if c.startswith("ENTRY")]
-    assert sum(" all-reduce(" in line for line in lines) == reductions
-    assert sum(" all-gather(" in line for line in lines) == gathers
-    # Each in a branch of a conditional (the period's end); each all-reduce
-    # one flat buffer, together the model's 34 weights.
-    for line in lines:
-        assert re.search(r"/cond/branch_1_fun/[^/]*\"", line), line
-    sizes = [
-        int(re.search(r"= f32\[(\d+)\]", line).group(1))
-        for line in lines
-        if " all-reduce(" in line
-    ]
-    assert sum(sizes) == 34
+    path = variants_out / f"{name}.steps.{steps_per_execution}.json"
+    texts = json.loads(path.read_text())
+    programs = {ast.literal_eval(key): text for key, text in texts.items()}
+    assert set(programs) == PROGRAMS[name, steps_per_execution]
+    fragment_sizes = []
+    for (_, ending), text in programs.items():
+        found = collectives(text)
+        lines = [line for lines in found.values() for line in lines]
+        if ending == ():  # Its steps end no period: nothing travels.
+            assert lines == []
+            continue
+        fragments = 2 if ending is None and "fragments" in name else 1
+        assert sum(" all-reduce(" in line for line in lines) == (
+            reductions * fragments
+        )
+        assert sum(" all-gather(" in line for line in lines) == gathers
+        for line in lines:
+            in_a_branch = re.search(r"/cond/branch_1_fun/[^/]*\"", line)
+            # Only where the steps ask whose period ends.
+            assert bool(in_a_branch) == (ending is None), line
+        if ending is None:
+            assert not [c for c in found if c.startswith("ENTRY")]
+        # Each all-reduce one flat buffer: together the model's 34 weights,
+        # in a program, or over the programs of the fragments' ends.
+        sizes = [
+            int(re.search(r"= f32\[(\d+)\]", line).group(1))
+            for line in lines
+            if " all-reduce(" in line
+        ]
+        if ending is None or "fragments" not in name:
+            assert sum(sizes) == 34
+        else:
+            fragment_sizes += sizes
+    assert sum(fragment_sizes) in (0, 34)
 
 
 @pytest.fixture(scope="module")

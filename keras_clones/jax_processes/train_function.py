@@ -10,9 +10,15 @@ makes the logs global. Keras keeps the wrapped state between
 executions; where it writes the state back into the variables
 (`jax_state_sync`, at an epoch's end or for a callback), it is unwrapped:
 the variables, callbacks, `evaluate` and `save` stay this process's own.
-The step program holds no collective outside the AGN period end's
-conditional: steps that end no period communicate nothing; each
-execution all-reduces its logs once, in a program of its own.
+
+As in one process (`keras_clones.period_programs`), the host counts the
+local step and each program is traced for the periods its steps end: a
+step's, or an execution's where only its last step may end one (as where
+`steps_per_execution` divides the period over the fragments); an
+execution that ends a period before its last step asks in each step (a
+conditional). Steps that end no period communicate nothing; a period's
+end all-reduces its commit in the program of its step; each execution
+all-reduces its logs once, in a program of its own.
 """
 
 import weakref
@@ -22,31 +28,63 @@ import keras
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from keras_clones import period_programs
 from keras_clones import process_axis
 
 
 def make(model, workers):
     """`model`'s train function across `workers` (a `Workers`), as Keras's
     JAX trainer calls it: `(state, iterator) -> (logs, state)`."""
+    optimizer = period_programs.counted_optimizer(model)
+    count = None
+    if optimizer is not None:
+        count = period_programs.LocalStepCount(
+            optimizer, read=lambda a: int(workers.unwrap(a))
+        )
+    specs = lambda specs: (PartitionSpec(), specs[0])  # noqa: E731
+    programs = {}  # Each program made, by what its steps end.
 
-    step = workers.program(
-        model.train_step,
-        lambda specs: (PartitionSpec(), specs[0]),
-        donate=(0,),
-    )
+    def traced(ending):
+        return period_programs.traced_for(optimizer, ending)
 
-    def steps(state, batches):
+    def step_program(ending):
+        """One step, which ends the periods of `ending` (None: it asks)."""
+
+        def step(state, batch):
+            with traced(ending):
+                return model.train_step(state, batch)
+
+        return workers.program(step, specs, donate=(0,))
+
+    def scanned_program(ending):
+        """An execution's steps in one program (a `lax.scan`), its last
+        ending the periods of `ending` and the others none; None: each step
+        asks."""
+
         def one(state, batch):
             logs, state = model.train_step(state, batch)
             return state, logs
 
-        state, logs = jax.lax.scan(one, state, batches)
-        return jax.tree.map(lambda log: log[-1], logs), state
+        def steps(state, batches):
+            if ending is not None:
+                batches, last = _split_last(batches)
+            with traced(None if ending is None else ()):
+                state, logs = jax.lax.scan(one, state, batches)
+            logs = jax.tree.map(lambda log: log[-1], logs)
+            if ending is not None:
+                with traced(ending):
+                    logs, state = model.train_step(state, last)
+            return logs, state
 
-    # An execution's steps in one program, where its batches are alike.
-    scanned = workers.program(
-        steps, lambda specs: (PartitionSpec(), specs[0]), donate=(0,)
-    )
+        return workers.program(steps, specs, donate=(0,))
+
+    def program(kind, ending):
+        made = programs.get((kind, ending))
+        if made is None:
+            make_program = step_program if kind == "step" else scanned_program
+            made = programs[kind, ending] = make_program(ending)
+        return made
+
     logs_program = global_logs_program(model, workers)
 
     def train_function(state, iterator):
@@ -57,18 +95,36 @@ def make(model, workers):
             except StopIteration:
                 break
         state = jax.tree.map(workers.wrapped, state)
+        endings = [None] * len(batches)
+        if count is not None:
+            endings = count.endings(state, len(batches))
         if len(batches) > 1 and _alike(batches):
+            # Known where every step but the last ends no period.
+            known = count is not None and not any(endings[:-1])
             stacked = jax.tree.map(lambda *b: jax.numpy.stack(b), *batches)
+            scanned = program("scanned", endings[-1] if known else None)
             logs, state = scanned(state, workers.wrap_data(stacked))
         else:
-            for batch in batches:
-                logs, state = step(state, workers.wrap_data(batch))
+            for batch, ending in zip(batches, endings):
+                stepped = program("step", ending)
+                logs, state = stepped(state, workers.wrap_data(batch))
+        if count is not None:
+            count.returned(state)
         logs = jax.tree.map(workers.unwrap, logs_program(state[3], logs))
         return logs, state  # Global: `fitting.jax_state_sync` unwraps it.
 
-    # Its compiled programs of steps, to read.
-    train_function.step_programs = (step, scanned)
+    # Its compiled programs of steps, to read: by ("step" or "scanned",
+    # the periods ended, or None where the steps ask).
+    train_function.step_programs = programs
     return train_function
+
+
+def _split_last(batches):
+    """A stack of batches as the stack of all but the last, and the last."""
+    return (
+        jax.tree.map(lambda b: b[:-1], batches),
+        jax.tree.map(lambda b: b[-1], batches),
+    )
 
 
 def _alike(batches):

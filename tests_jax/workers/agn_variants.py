@@ -8,6 +8,7 @@ on 2 processes and checks each against AGN by hand (tests/reference).
 writes `OUT/NAME.K.PROCESS.npz`.
 """
 
+import json
 import sys
 
 import keras
@@ -75,11 +76,15 @@ def run(out, name, steps_per_execution):
         rounds=int(optimizer.communication_rounds.numpy()),
         iterations=int(optimizer.iterations.numpy()),
     )
-    if process == 0:
+    if process == 0:  # Each program of steps: (kind, periods ended): text.
         programs = start.train_function.step_programs
-        (text,) = [t for p in programs for t in p.compiled_texts()]
-        with open(f"{out}/{name}.steps.{steps_per_execution}.txt", "w") as f:
-            f.write(text)
+        texts = {
+            repr(key): text
+            for key, program in programs.items()
+            for text in program.compiled_texts()
+        }
+        with open(f"{out}/{name}.steps.{steps_per_execution}.json", "w") as f:
+            json.dump(texts, f)
     print(f"variant {name} at {steps_per_execution} done", flush=True)
 
 
