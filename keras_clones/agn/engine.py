@@ -77,7 +77,6 @@ class PeriodEngine:
         self.replicas = replicas
         self._iterations = iterations
         self._count_iterations = count_iterations
-        self._execution_ends_periods = False
 
     @property
     def skips_alone(self):
@@ -203,8 +202,6 @@ class PeriodEngine:
                     writes=self._end_writes(fragment, hooks),
                 )
             return
-        if config.delay and self._execution_ends_periods:
-            return  # `commits_around_execution` ends the period.
         if ending is not None:  # Known where the step was traced.
             for index in ending:
                 fragment = self.state.fragments[index]
@@ -487,11 +484,7 @@ class PeriodEngine:
         first_step = gradients.read(self.state.local_step)
         for fragment in self.state.fragments:
             replicas.in_a_step(strategy, lambda f=fragment: self._receive(f))
-        self._execution_ends_periods = True
-        try:
-            yield
-        finally:
-            self._execution_ends_periods = False
+        yield  # Steps traced inside end no period (`ending=()`).
         last_step = gradients.read(self.state.local_step)
         replicas.check(
             self.config.ends_at_most_once(first_step, last_step),

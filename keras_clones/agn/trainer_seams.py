@@ -219,7 +219,8 @@ class AGNTrainerSeams:
         strategy = internals.distribution_strategy(self)
         judges = self._judges[-1]
         with self._engine.commits_around_execution(strategy, judges):
-            yield
+            with self.steps_ending(()):  # The execution's end ends them.
+                yield
 
     def apply_in_flight_commit(self):
         """Applies the commits in flight now (all-reducing them first if
