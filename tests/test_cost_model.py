@@ -420,6 +420,13 @@ def test_a_negative_value_after_a_space_gets_the_options_own_message(
             "AGNOptimizer.bytes_per_round). Received: 0. Pass e.g. "
             "--model-bytes 1077288.",
         ),
+        (
+            {"synchronous_bytes": "-4"},
+            "--synchronous-bytes must be above 0 (bytes synchronous "
+            "training all-reduces a step: its float32 gradients, 4 x its "
+            "parameters). Received: -4. Pass e.g. --synchronous-bytes "
+            "1077288.",
+        ),
     ],
 )
 def test_each_bad_value_is_refused_naming_the_option_and_the_value_as_typed(
@@ -595,6 +602,39 @@ def test_int8_and_int4_params_travel_with_a_scale_per_128(capsys):
     assert out.splitlines()[3] == (
         "synchronous: 123.66 ms per step (float32 gradients all-reduced: "
         "1,077,288 bytes a step)"
+    )
+
+
+def test_model_bytes_with_synchronous_bytes_predict_as_params_do(capsys):
+    # AGN's int4 rounds (`bytes_per_round`) against float32 synchronous
+    # training: as `--params` with `--dtype int4` says it.
+    int4 = {"model_bytes": None, "params": "269322", "dtype": "int4"}
+    code, by_params, _ = command(capsys, **int4)
+    assert code == 0
+    code, by_bytes, _ = command(
+        capsys,
+        "--synchronous-bytes",
+        "1077288",
+        model_bytes="143081",
+        form="reduce-scatter",
+    )
+    assert code == 0
+    lines, expected = by_bytes.splitlines(), by_params.splitlines()
+    assert lines[0] == "model: 143,081 bytes a round"
+    assert lines[3] == expected[3].replace(
+        "float32 gradients", "--synchronous-bytes"
+    )
+    assert lines[1:3] + lines[4:] == expected[1:3] + expected[4:]
+    # Without it, synchronous training sends the round's 143,081 bytes: 14
+    # of them through the shared 1 Gbit/s, 16.03 ms, and 3 ms of compute.
+    code, alike, _ = command(capsys, model_bytes="143081")
+    assert alike.splitlines()[3] == "synchronous: 19.03 ms per step"
+    assert refusal(capsys, "--synchronous-bytes", "1077288", **int4) == (
+        "--synchronous-bytes goes with --model-bytes: with --params, "
+        "synchronous training all-reduces its float32 gradients, 4 x the "
+        "parameters. Received: --params 269322 and --synchronous-bytes "
+        "1077288. Drop --synchronous-bytes, or pass --model-bytes instead "
+        "of --params."
     )
 
 

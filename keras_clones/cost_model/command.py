@@ -168,8 +168,9 @@ def _format_count(value):
 def _model_bytes(args):
     """The bytes per round from `--model-bytes`, or `--params` and
     `--dtype`; what synchronous training all-reduces a step (with
-    `--params`, its float32 gradients; with `--model-bytes`, None: the
-    round's bytes); and the output's line that says how they were read."""
+    `--params`, its float32 gradients; with `--model-bytes`,
+    `--synchronous-bytes`, else None: the round's bytes); and the output's
+    line that says how they were read."""
     if args.model_bytes is not None and args.params is not None:
         raise _OptionError(
             "--model-bytes and --params both give the model's size: pass "
@@ -198,7 +199,24 @@ def _model_bytes(args):
             "1077288",
         )
         line = f"model: {_format_count(model_bytes)} bytes a round"
-        return model_bytes, None, line
+        synchronous = None
+        if args.synchronous_bytes is not None:
+            synchronous = _option_number(
+                "--synchronous-bytes",
+                args.synchronous_bytes,
+                "bytes synchronous training all-reduces a step: its float32 "
+                "gradients, 4 x its parameters",
+                "1077288",
+            )
+        return model_bytes, synchronous, line
+    if args.synchronous_bytes is not None:
+        raise _OptionError(
+            "--synchronous-bytes goes with --model-bytes: with --params, "
+            "synchronous training all-reduces its float32 gradients, 4 x "
+            f"the parameters. Received: --params {args.params} and "
+            f"--synchronous-bytes {args.synchronous_bytes}. Drop "
+            "--synchronous-bytes, or pass --model-bytes instead of --params."
+        )
     params = _option_count(
         "--params", args.params, "the model's parameters", "269322", 1
     )
@@ -291,6 +309,13 @@ def _parser():
         metavar="N",
         help="the model's parameters, instead of --model-bytes: a round "
         "is N x the size of --dtype bytes",
+    )
+    parser.add_argument(
+        "--synchronous-bytes",
+        metavar="BYTES",
+        help="with --model-bytes: what synchronous training all-reduces a "
+        "step, its float32 gradients (4 x its parameters); default: "
+        "--model-bytes",
     )
     parser.add_argument(
         "--dtype",
@@ -435,8 +460,9 @@ def main(argv=None):
     if synchronous_bytes is not None and (
         synchronous_bytes != model_bytes or cost.form != "all-reduce"
     ):
+        what = "float32 gradients" if args.params else "--synchronous-bytes"
         sent = (
-            f" (float32 gradients all-reduced: "
+            f" ({what} all-reduced: "
             f"{_format_count(cost.synchronous_bytes)} bytes a step)"
         )
     print(f"synchronous: {1e3 * synchronous:.2f} ms per step{sent}")
