@@ -34,13 +34,19 @@ from keras_clones.agn.optimizer import AGNOptimizer
 
 def counted_optimizer(model):
     """The `AGNOptimizer` whose local steps the host can count for
-    `model`'s train function (Keras's own `train_step`, the optimizer
-    itself, a period longer than 1), else None."""
+    `model`'s train function, one a step: Keras's own `train_step` (not
+    the class's nor the instance's), the optimizer itself with
+    `AGNOptimizer`'s own `apply` and Keras's `stateless_apply`, a period
+    longer than 1; else None."""
     optimizer = model.optimizer
+    keras_step = getattr(model.train_step, "__func__", None)
     if (
         isinstance(optimizer, AGNOptimizer)
+        and type(optimizer).apply is AGNOptimizer.apply
+        and type(optimizer).stateless_apply
+        is keras.optimizers.Optimizer.stateless_apply
         and optimizer.core_config.local
-        and type(model).train_step is keras.Model.train_step
+        and keras_step is keras.Model.train_step
     ):
         return optimizer
     return None
@@ -91,12 +97,7 @@ class LocalStepCount:
         """For each of the next `steps` steps from `state`, the fragments
         whose periods it ends (a tuple)."""
         if self._index is None:
-            local_step = self._optimizer.local_step
-            self._index = next(
-                i
-                for i, v in enumerate(self._optimizer.variables)
-                if v is local_step
-            )
+            self._index = self._local_step_index()
         before = state[2][self._index]
         if self._last is not None and self._last[0] is before:
             step = self._last[1]
@@ -108,6 +109,21 @@ class LocalStepCount:
             tuple(f for f, ends in config.ending(s) if ends)
             for s in range(step + 1, step + steps + 1)
         ]
+
+    def _local_step_index(self):
+        """The local step's place among the optimizer's variables (a
+        `RuntimeError` if it has none there: not a `StopIteration`, which
+        Keras's loop would take for the end of the data)."""
+        local_step = self._optimizer.local_step
+        for index, variable in enumerate(self._optimizer.variables):
+            if variable is local_step:
+                return index
+        raise RuntimeError(
+            f"The local step of {self._optimizer.name!r} is not among its "
+            "`variables`, so its steps cannot be counted: the state Keras's "
+            "JAX trainer carries would not hold it. Report this as a bug "
+            "of keras_clones."
+        )
 
     def returned(self, state):
         """The state the steps counted by the last `endings` returned."""

@@ -3,6 +3,10 @@
 and train bit for bit as the period end asked in each step (a conditional:
 Keras's own train function, which a model of its own `train_step` runs)."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import keras
 import numpy as np
@@ -178,9 +182,33 @@ def test_what_the_count_cannot_follow_runs_keras_own_train_function():
     period_one.compile(AGNOptimizer(keras.optimizers.SGD(0.1), 1), "mse")
     eager = compiled(False)
     eager.compile(eager.optimizer, "mse", run_eagerly=True)
-    for model in (scaled, period_one, eager):
+
+    class OwnApply(AGNOptimizer):
+        def apply(self, grads, trainable_variables=None):
+            super().apply(grads, trainable_variables)
+
+    own_apply = compiled(False)
+    own_apply.compile(OwnApply(keras.optimizers.SGD(0.1), 4), "mse")
+    for model in (scaled, period_one, eager, own_apply):
         model.fit(x, y, batch_size=BATCH, verbose=0, steps_per_epoch=2)
         assert not isinstance(model.train_function, ProgramsByPeriodEnd)
+
+
+def test_a_train_step_set_on_the_instance_is_run_as_keras_runs_it():
+    # Two local steps a batch: the host's count would follow one.
+    x, y = data()
+    model = compiled(False)
+    keras_step = model.train_step
+
+    def twice(state, data):
+        _, state = keras_step(state, data)
+        return keras_step(state, data)
+
+    model.train_step = twice
+    model.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False)
+    assert not isinstance(model.train_function, ProgramsByPeriodEnd)
+    assert int(model.optimizer.local_step.numpy()) == 2 * BATCHES
+    assert int(model.optimizer.communication_rounds.numpy()) == 2 * BATCHES // 4
 
 
 def test_steps_ending_refuses_what_is_not_a_tuple_of_fragments():
@@ -192,3 +220,35 @@ def test_steps_ending_refuses_what_is_not_a_tuple_of_fragments():
     with pytest.raises(ValueError, match="every step ends the period"):
         with AGNOptimizer(keras.optimizers.SGD(0.1), 1).steps_ending(()):
             pass
+
+
+ONE_OF_ONE = """
+import numpy as np, keras
+from keras_clones import AGNOptimizer, period_programs
+reads = []
+class Counting(period_programs.LocalStepCount):
+    def __init__(self, optimizer, read):
+        super().__init__(optimizer, lambda a: reads.append(1) or read(a))
+period_programs.LocalStepCount = Counting
+x = np.random.default_rng(0).normal(size=(40, 5)).astype("float32")
+model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
+model.compile(AGNOptimizer(keras.optimizers.SGD(0.1), 4), "mse")
+model.fit(x, x[:, :2], batch_size=4, epochs=2, verbose=0)
+print(len(reads), sorted(model.train_function.step_programs))
+"""
+
+
+def test_a_process_started_as_one_of_one_reads_the_local_step_once_a_fit():
+    # Its state is wrapped again for every execution: the count reads the
+    # state as Keras hands it back, the very arrays the last one returned.
+    env = dict(os.environ, KERAS_DISTRIBUTION_NUM_PROCESSES="1")
+    env.pop("XLA_FLAGS")  # One device: one worker a process.
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_OF_ONE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "1 [('step', ()), ('step', (0,))]"

@@ -94,10 +94,10 @@ def make(model, workers):
                 batches.append(next(iterator))
             except StopIteration:
                 break
-        state = jax.tree.map(workers.wrapped, state)
         endings = [None] * len(batches)
-        if count is not None:
+        if count is not None:  # On the state as Keras hands it back.
             endings = count.endings(state, len(batches))
+        state = jax.tree.map(workers.wrapped, state)
         if len(batches) > 1 and _alike(batches):
             # Known where every step but the last ends no period.
             known = count is not None and not any(endings[:-1])
