@@ -28,25 +28,45 @@ __all__ = [
 ]
 
 
-if sys.argv[:1] != ["-m"]:
+def import_all():
+    """Imports what `import keras_clones` imports outside `python -m`
+    (Keras and the classes), once: for a module run with `python -m
+    keras_clones...` that runs a training script
+    (`keras_clones.jax_processes.runner`)."""
+    module = sys.modules[__name__]
+    if "AGNOptimizer" in vars(module):
+        return
     from keras_clones import callbacks
     from keras_clones import step_hooks
     from keras_clones._tensorflow import ON_TENSORFLOW
     from keras_clones._tensorflow import needs_tensorflow
     from keras_clones.agn import AGNOptimizer
 
+    module.callbacks = callbacks
+    module.step_hooks = step_hooks
+    module.AGNOptimizer = AGNOptimizer
     if ON_TENSORFLOW:
         from keras_clones.clone_model import CloneModel
         from keras_clones.deployment import DeploymentConfig
-    else:
-        from keras_clones import _keras_internals
 
-        # `fit` across JAX processes.
-        _keras_internals.install_jax_trainer_overrides()
+        module.CloneModel = CloneModel
+        module.DeploymentConfig = DeploymentConfig
+        return
+    from keras_clones import _keras_internals
+    from keras_clones.jax_processes import exits
 
-        def __getattr__(name):
-            if name in __all__:  # The TensorFlow-only ones.
-                raise needs_tensorflow(f"`keras_clones.{name}`")
-            raise AttributeError(
-                f"module 'keras_clones' has no attribute {name!r}"
-            )
+    # `fit` across JAX processes.
+    _keras_internals.install_jax_trainer_overrides()
+    # A failing or early-ending process ends every JAX process with it.
+    exits.install()
+
+    def __getattr__(name):
+        if name in __all__:  # The TensorFlow-only ones.
+            raise needs_tensorflow(f"`keras_clones.{name}`")
+        raise AttributeError(f"module 'keras_clones' has no attribute {name!r}")
+
+    module.__getattr__ = __getattr__
+
+
+if sys.argv[:1] != ["-m"]:
+    import_all()

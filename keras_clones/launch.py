@@ -140,6 +140,7 @@ def launch(
             "`grace_period` must be non-negative. "
             f"Received: grace_period={grace_period!r}."
         )
+    check_runnable(script, workers)
     if not os.path.isfile(script):
         raise FileNotFoundError(f"No such script: {script!r}.")
     if ps < 0:
@@ -183,6 +184,53 @@ def launch(
     return run_workers(
         script, args, workers, grace_period, max_restarts, min_workers, verbose
     )
+
+
+# The backends the launcher starts workers on.
+BACKENDS = ("tensorflow", "jax")
+# The files the launcher holds open for each worker while it starts them
+# (a free port's socket, its output's pipe), and for itself.
+_FILES_PER_WORKER = 3
+_OWN_FILES = 64
+
+
+def check_runnable(script, workers):
+    """Refuses what the launcher cannot run: `script` a folder, workers on
+    a backend other than `BACKENDS`, more workers than this process may
+    open files for."""
+    if os.path.isdir(script):
+        raise ValueError(
+            f"The script {script!r} is a folder: pass the Python file every "
+            f"worker runs (e.g. {os.path.join(script, 'train.py')!r})."
+        )
+    backend = keras_backend()
+    if backend not in BACKENDS:
+        raise ValueError(
+            "The launcher starts workers on Keras's TensorFlow or JAX "
+            f"backend, but they would run on {backend!r} (KERAS_BACKEND, or "
+            "keras.json). Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax."
+        )
+    limit = _open_files_limit()
+    if limit is None:
+        return
+    most = max(1, (limit - _OWN_FILES) // _FILES_PER_WORKER)
+    if workers > most:
+        raise ValueError(
+            f"{workers} workers need about {workers * _FILES_PER_WORKER} "
+            f"open files, but this process may open {limit} (`ulimit -n`): "
+            f"start at most {most} workers on this machine, or raise the "
+            "limit."
+        )
+
+
+def _open_files_limit():
+    """How many files this process may open, or None (no limit known)."""
+    try:
+        import resource
+    except ImportError:  # Not on Unix.
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def main(argv=None):
@@ -272,8 +320,12 @@ def main(argv=None):
         parser.error(
             f"--grace-period must be non-negative, got {options.grace_period:g}"
         )
-    if not os.path.isfile(options.script):
+    if not os.path.exists(options.script):
         parser.error(f"no such script: {options.script}")
+    try:
+        check_runnable(options.script, options.workers)
+    except ValueError as e:
+        parser.error(str(e))
     if options.ps < 0:
         parser.error(f"--ps must be non-negative, got {options.ps}")
     if options.ps and keras_backend() == "jax":

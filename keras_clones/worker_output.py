@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 
 _TRACEBACK = "Traceback (most recent call last):"
 # What ends a Python traceback: `ValueError: message`, a bare
@@ -77,6 +78,14 @@ _HINTS = (
     (_PER_REPLICA, _PER_REPLICA_HINT),
     (_PER_WORKER_DATASET, _PER_WORKER_DATASET_HINT),
 )
+# What a process prints when another one's failure ended it: gloo's
+# collective with a dead peer, JAX's coordination service with a dead
+# host, keras_clones's own word (`jax_processes.exits.CONSEQUENCE`).
+_CONSEQUENCE = re.compile(
+    r".*(?:Gloo.*Connection closed by peer"
+    r"|JAX distributed service detected fatal errors"
+    r"|keras_clones: JAX process \d+ (?:failed|ended))"
+)
 
 
 def read_lines(process, prefix, lock, *watchers, verbose=False, shown=True):
@@ -103,7 +112,7 @@ def _print_lines(stream, prefix, lock, watchers, verbose, shown):
             with lock:
                 print(prefix + line, flush=True)
     for watcher in watchers:
-        if hasattr(watcher, "close"):  # A `LogFile`.
+        if hasattr(watcher, "close"):  # A `LogFile`, an `ErrorLine`.
             watcher.close()
 
 
@@ -134,10 +143,22 @@ class ErrorLine:
         self._in_message = False
         self._message_end = None
         self._first_error_line = None
+        # When its first error arrived (a traceback or an error line).
+        self.first_error_at = None
+        # When its output ended (the process exited).
+        self.output_ended_at = None
+        # Whether it said that another process's failure ended it.
+        self.consequence = False
 
     def feed(self, line):
         # A progress bar redraws itself after "\r"; trailing spaces pad it.
         line = line.rsplit("\r", 1)[-1].rstrip()
+        if self.first_error_at is None and (
+            line == _TRACEBACK or _ERROR_LINE.fullmatch(line)
+        ):
+            self.first_error_at = time.monotonic()
+        if _CONSEQUENCE.match(line):
+            self.consequence = True
         if line == _TRACEBACK:
             self._in_traceback = True
             self._in_message = False
@@ -158,6 +179,17 @@ class ErrorLine:
                 self._message_end = line.strip()
         elif self._first_error_line is None and _ERROR_LINE.fullmatch(line):
             self._first_error_line = line
+
+    def close(self):
+        self.output_ended_at = time.monotonic()
+
+    @property
+    def failed_at(self):
+        """When it failed, as far as its output tells: its first error, else
+        the end of its output; None while it runs without an error."""
+        if self.first_error_at is not None:
+            return self.first_error_at
+        return self.output_ended_at
 
     @property
     def line(self):

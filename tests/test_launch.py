@@ -18,6 +18,7 @@ from launch_scripts import assert_gone
 from launch_scripts import worker_lines
 from launch_scripts import write_script
 
+from keras_clones import launch as launch_module
 from keras_clones.launch import launch
 from keras_clones.launch import main
 from keras_clones.launcher import parameter_servers
@@ -171,6 +172,46 @@ def test_command_line_errors(tmp_path, capsys, argv, message):
 
     assert raised.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, backend, message",
+    [
+        (
+            ["{folder}"],
+            "tensorflow",
+            "is a folder: pass the Python file every worker runs",
+        ),
+        (
+            ["{script}"],
+            "numpy",
+            "The launcher starts workers on Keras's TensorFlow or JAX "
+            "backend, but they would run on 'numpy'",
+        ),
+        (
+            ["--workers", "100000", "{script}"],
+            "tensorflow",
+            "100000 workers need about 300000 open files, but this process "
+            "may open",
+        ),
+    ],
+)
+def test_command_line_refuses_what_it_cannot_run(
+    tmp_path, capsys, monkeypatch, argv, backend, message
+):
+    monkeypatch.setenv("KERAS_BACKEND", backend)
+    # As on most machines (`ulimit -n`).
+    monkeypatch.setattr(launch_module, "_open_files_limit", lambda: 1024)
+    script = write_script(tmp_path, "")
+    argv = [arg.format(script=script, folder=tmp_path) for arg in argv]
+
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+    with pytest.raises(ValueError, match=message[:40]):
+        launch(*argv[-1:], workers=int(argv[1]) if len(argv) > 1 else 2)
 
 
 def test_launch_checks_its_arguments(tmp_path):

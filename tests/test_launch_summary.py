@@ -383,3 +383,51 @@ def test_the_clone_model_hint_follows_the_cut(capsys):
     assert summary(capsys.readouterr().err) == [
         f"worker 1 exited with code 1: {quoted} [...] {CLONE_MODEL_HINT}"
     ]
+
+
+def fed(lines):
+    error_line = worker_output.ErrorLine()
+    for line in lines:
+        error_line.feed(line)
+    error_line.close()
+    return error_line
+
+
+def test_the_summary_names_first_the_process_whose_error_came_first(capsys):
+    # JAX processes that exit within one poll are seen in index order:
+    # worker 0's error (the consequence of worker 1's) came later.
+    cause = fed(["Traceback (most recent call last):", "ValueError: bad"])
+    later = fed(["Traceback (most recent call last):", "RuntimeError: late"])
+    processes.summarize(
+        [(0, 1), (1, 1)], {0: later, 1: cause}, threading.Lock()
+    )
+    assert summary(capsys.readouterr().err) == [
+        "worker 1 (the first to fail) exited with code 1: ValueError: bad",
+        "worker 0 exited with code 1: RuntimeError: late",
+    ]
+
+
+@pytest.mark.parametrize(
+    "consequence",
+    [
+        "jax.errors.JaxRuntimeError: UNKNOWN: Gloo AllGather failed: "
+        "[external/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by "
+        "peer [127.0.0.1]:22225",
+        "E0000 00:00:1.0 1 client.cc:1] JAX distributed service detected "
+        "fatal errors. This most likely indicates that another task died",
+        "RuntimeError: keras_clones: JAX process 1 failed (see its error), "
+        "so this process's fit 1 would wait for it: every process ends.",
+    ],
+)
+def test_a_process_ended_by_another_ones_failure_is_named_after_it(
+    capsys, consequence
+):
+    # Worker 0's error arrived first, but says a peer's failure caused it.
+    ended = fed(["Traceback (most recent call last):", consequence])
+    cause = fed(["Killed"])  # No error line: it failed when its output ended.
+    processes.summarize(
+        [(0, 1), (1, -9)], {0: ended, 1: cause}, threading.Lock()
+    )
+    lines = summary(capsys.readouterr().err)
+    assert lines[0].startswith("worker 1 (the first to fail) was killed by")
+    assert lines[1].startswith("worker 0 exited with code 1")

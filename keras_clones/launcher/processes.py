@@ -62,8 +62,24 @@ def failure(code):
     return f"exited with code {code}"
 
 
+def ranked(failed, error_lines):
+    """The failures `failed` (`(index, returncode)`, in the order seen) in
+    the order they happened: first those whose error names no other
+    process's failure as its cause, by when each failed
+    (`ErrorLine.failed_at`: processes that exit within one poll are seen
+    in index order), then those a peer's failure ended
+    (`ErrorLine.consequence`)."""
+
+    def rank(position):
+        error_line = error_lines[failed[position][0]]
+        at = error_line.failed_at
+        return (error_line.consequence, at is None, at or 0.0, position)
+
+    return [failed[p] for p in sorted(range(len(failed)), key=rank)]
+
+
 def summarize(failed, error_lines, lock):
-    for position, (index, code) in enumerate(failed):
+    for position, (index, code) in enumerate(ranked(failed, error_lines)):
         first = (
             " (the first to fail)" if position == 0 and len(failed) > 1 else ""
         )

@@ -12,11 +12,13 @@ from keras_clones.launcher.processes import TERMINATE_TIMEOUT
 from keras_clones.launcher.processes import count
 from keras_clones.launcher.processes import failure
 from keras_clones.launcher.processes import log
+from keras_clones.launcher.processes import ranked
 from keras_clones.launcher.processes import start
 from keras_clones.launcher.processes import stop
 from keras_clones.launcher.processes import summarize
 from keras_clones.launcher.processes import wait_for_workers
 from keras_clones.ports import free_ports
+from keras_clones.task_environment import keras_backend
 from keras_clones.worker_output import ErrorLine
 from keras_clones.worker_output import read_lines
 
@@ -25,6 +27,11 @@ from keras_clones.worker_output import read_lines
 # the launcher imports no Keras).
 TRAINING = "keras_clones: training"
 TRAINING_AGAIN = f"{TRAINING} again"
+# What runs each JAX process's script (`keras_clones.jax_processes.runner`;
+# the launcher imports no Keras).
+JAX_RUNNER = "keras_clones.jax_processes.runner"
+# The most a JAX process gets to exit after another failed, before SIGKILL.
+JAX_GRACE_PERIOD = 10.0
 
 
 def run_workers(
@@ -34,13 +41,22 @@ def run_workers(
     at most `max_restarts` times (see `keras_clones.launch.launch`); the
     exit code."""
     lock = threading.Lock()
+    on_jax = keras_backend() == "jax"
+    if on_jax:
+        # JAX processes ignore SIGTERM, and those left cannot go on.
+        grace_period = min(grace_period, JAX_GRACE_PERIOD)
     restarts = []  # `_Restart`s, in turn.
     start_failures = {}  # Worker index: failed starts in a row.
     for attempt in range(max_restarts + 1):
         last = attempt == max_restarts
         # With a restart to come, the others are stopped at once.
         run = _WorkerRun(script, args, workers, lock, verbose)
-        exit_code = run.wait(0.0 if not last else grace_period, not last)
+        exit_code = run.wait(
+            0.0 if not last else grace_period, not last or on_jax
+        )
+        if exit_code:  # The first to fail's, as it happened.
+            code = run.first_failure[1]
+            exit_code = code if code > 0 else 128 - code
         if restarts:
             restarts[-1].next_run = run
         if not exit_code or last:
@@ -49,7 +65,7 @@ def run_workers(
             run, workers, min_workers, max_restarts, start_failures, lock
         )
         restarts.append(_Restart(run, workers))
-        index, code = run.failed[0]
+        index, code = run.first_failure
         log(
             f"starting {count(workers, 'worker')} again (restart "
             f"{attempt + 1} of {max_restarts}) after worker {index} "
@@ -118,7 +134,16 @@ class _WorkerRun:
         self.resumed = False  # Whether it said so after a resume.
         self._watch = _FirstStep(self)
         self._script_command = [sys.executable, "-u", script, *args]
+        if keras_backend() == "jax":
+            # A failing or early-ending JAX process ends the others too.
+            self._script_command[2:2] = ["-m", JAX_RUNNER]
         self._cluster = cluster
+
+    @property
+    def first_failure(self):
+        """`(index, returncode)` of the worker that failed first
+        (`ranked`)."""
+        return ranked(self.failed, self.error_lines)[0]
 
     def wait(self, grace_period, kill_at_once=False):
         """Runs the workers until they exit, or are stopped
@@ -181,7 +206,7 @@ class _Restart:
     """What a restart followed, and when training went on."""
 
     def __init__(self, run, workers_after):
-        self.index, self.code = run.failed[0]
+        self.index, self.code = run.first_failure
         self.error_line = run.error_lines[self.index].line
         self.died_at = run.failed_at
         self.workers_before = len(run.error_lines)
