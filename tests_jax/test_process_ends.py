@@ -63,3 +63,5 @@ def test_a_failing_jax_process_ends_the_run_within_seconds_named_first(
         f"with code 1: {error}"
     ), result.stderr[-3000:]
     assert "trained" not in result.stdout
+    # Its traceback starts in the script, as `python SCRIPT` prints it.
+    assert "runpy" not in result.stdout.split("failing at", 1)[1]

@@ -19,6 +19,7 @@ def main(argv):
     sys.argv = list(argv)
     # As `python SCRIPT` does: the script's folder first on the path.
     sys.path[0] = os.path.dirname(os.path.abspath(script))
+    sys.excepthook = _without_runner_frames(sys.excepthook)
     # Keras, JAX and keras_clones's `fit` (which notes each fit's start)
     # before the script; none of them starts JAX's backend.
     keras_clones.import_all()
@@ -31,6 +32,24 @@ def main(argv):
         exits.end()
         raise
     exits.end()
+
+
+def _without_runner_frames(hook):
+    """`hook` on tracebacks that start in the script, as `python SCRIPT`
+    prints them (without this module's and `runpy`'s frames)."""
+
+    def trimmed(kind, value, traceback):
+        while traceback is not None and _runs_the_script(traceback.tb_frame):
+            traceback = traceback.tb_next
+        # Python prints the exception's own traceback.
+        hook(kind, value.with_traceback(traceback), traceback)
+
+    return trimmed
+
+
+def _runs_the_script(frame):
+    name = frame.f_code.co_filename
+    return name in (__file__, runpy.__file__) or name == "<frozen runpy>"
 
 
 if __name__ == "__main__":
