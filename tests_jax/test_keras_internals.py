@@ -57,3 +57,17 @@ def test_keras_files_are_keras_file_operations(tmp_path):
     assert files.isdir(str(tmp_path / "a"))
     assert not files.is_remote_path(str(tmp_path))
     assert files.is_remote_path("gs://bucket/backup")
+
+
+def test_jax_keeps_its_coordination_client_where_exits_reads_it():
+    # keras_clones.jax_processes.exits: JAX's one private part it uses.
+    import jax
+    from jax._src import distributed
+
+    state = distributed.global_state
+    assert state.client is None  # One process: `exits` does nothing.
+    assert (state.process_id, state.num_processes) == (0, 1)
+    client_type = jax._src.lib._jax.DistributedRuntimeClient
+    for name in ("key_value_set", "key_value_dir_get"):
+        assert callable(getattr(client_type, name))
+    assert "allow_overwrite" in client_type.key_value_set.__doc__
