@@ -1,5 +1,7 @@
 """Where the clones of a model run: devices, name scopes and placement."""
 
+import numbers
+
 import tensorflow as tf
 
 _KNOWN_DEVICE_TYPES = ("CPU", "GPU", "TPU")
@@ -22,7 +24,9 @@ def _hierarchical_copy_sums(num_clones):
 
 
 def _check_count(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int):
+    """`value` as a Python `int` (a NumPy integer too), if it is an integer
+    of at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(
             f"`{name}` must be an integer. Received: {name}={value!r} "
             f"of type {type(value).__name__}."
@@ -31,6 +35,7 @@ def _check_count(name, value, minimum):
         raise ValueError(
             f"`{name}` must be >= {minimum}. Received: {name}={value}."
         )
+    return int(value)
 
 
 def _parse_clone_device(device):
@@ -313,11 +318,11 @@ class DeploymentConfig:
             num_clones = len(devices)
         elif num_clones is None:
             num_clones = 1
-        _check_count("num_clones", num_clones, 1)
+        num_clones = _check_count("num_clones", num_clones, 1)
         _check_clone_on_cpu(clone_on_cpu)
-        _check_count("replica_id", replica_id, 0)
-        _check_count("num_replicas", num_replicas, 1)
-        _check_count("num_ps_tasks", num_ps_tasks, 0)
+        replica_id = _check_count("replica_id", replica_id, 0)
+        num_replicas = _check_count("num_replicas", num_replicas, 1)
+        num_ps_tasks = _check_count("num_ps_tasks", num_ps_tasks, 0)
         _check_replica_id_in_range(replica_id, num_replicas)
         _check_ps_tasks_for_replicas(num_replicas, num_ps_tasks)
         # With more than one replica there are parameter servers (above).
@@ -427,7 +432,9 @@ class DeploymentConfig:
         return _ALL_REDUCES[name]()
 
     def _check_clone_index(self, clone_index):
-        if isinstance(clone_index, bool) or not isinstance(clone_index, int):
+        if isinstance(clone_index, bool) or not isinstance(
+            clone_index, numbers.Integral
+        ):
             raise TypeError(
                 f"`clone_index` must be an integer. Received: {clone_index!r}."
             )

@@ -151,9 +151,11 @@ class StepHooks:
         if is_guard:
             if self._guard is not None and self._guard is not hook:
                 raise ValueError(
-                    "A training step has at most one guard; one is already "
-                    f"registered: {self._guard!r}. Use one InfNanCheck per "
-                    "`fit`."
+                    "A training step has at most one guard, and this one "
+                    f"already has {_described(self._guard)}; received "
+                    f"another: {_described(hook)}. Pass one InfNanCheck "
+                    "per `fit` (check its callbacks for a second one), or "
+                    "detach the first guard."
                 )
             self._guard = hook
         if is_observer and hook not in self._observers:
@@ -308,6 +310,13 @@ def _refresh(model, hooks):
         not ON_TENSORFLOW and hooks.never_traced()
     ):
         model.make_train_function(force=True)
+
+
+def _described(hook):
+    """`hook` as a person reads it: its `description` (an `InfNanCheck`'s
+    guard says whose it is), else its class."""
+    description = getattr(hook, "description", None)
+    return description or f"a {type(hook).__qualname__}"
 
 
 def host_of(model):

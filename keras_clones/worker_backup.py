@@ -267,7 +267,8 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
             raise ValueError(
                 f"The backup in {self.shared_dir!r} was made by another model "
                 "or optimizer: its variables do not match this model's (Keras "
-                f"said: {str(error).splitlines()[0]}). Resume with the model "
+                f"said: {str(error).splitlines()[0]}){self._settings_said()}. "
+                "Resume with the model "
                 "and optimizer the backup was made with, or remove the "
                 "directory to start training over."
             ) from None
@@ -337,9 +338,10 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
                     f"The backup in {self.shared_dir!r} was made later than "
                     "optimizer step 0, but the optimizer's variables were "
                     "not loaded from it (Keras warns when the saved "
-                    "optimizer has other variables): resume with the model "
-                    "and optimizer the backup was made with, or remove the "
-                    "directory to start training over."
+                    f"optimizer has other variables){self._settings_said()}"
+                    ": resume with the model and optimizer the backup was "
+                    "made with, or remove the directory to start training "
+                    "over."
                 )
             if self._saved():
                 raise ValueError(self._incomplete(step, "no worker's file"))
@@ -371,6 +373,25 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
                 )
             )
         return before
+
+    def _settings_said(self):
+        """Where the optimizer's variables were not loaded: the settings of
+        this `AGNOptimizer` that differ from its stamp in the newest file,
+        as a clause (empty where none differs or none is known)."""
+        agn = agn_optimizer(self.model.optimizer)
+        saved = self._saved()
+        if agn is None:
+            return ""
+        _, path = next(iter(saved[max(saved)].values()))
+        try:
+            with _files.File(path, "rb") as f:
+                stamp = json.loads(str(np.load(io.BytesIO(f.read()))["stamp"]))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+            return ""  # Unreadable: the refusal stands without it.
+        differ = _differences(stamp, _rule(agn), list(_rule(agn)))
+        if not differ:
+            return ""
+        return f"; its settings differ: {'; '.join(differ)}"
 
     def _read_own(self, path, metadata, agn):
         """This worker's saved `(kinds, arrays)`, checked against the
@@ -411,9 +432,23 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
                 "under each rule. Resume with the backup's, or remove the "
                 "directory to start training over."
             )
+        differ = _differences(old, now, _STATE_SETTINGS)
+        if differ:
+            raise ValueError(
+                f"The backup in {self.shared_dir!r} was made with other "
+                f"AGNOptimizer settings: {'; '.join(differ)}. The state "
+                "saved means another thing under each. Resume with the "
+                "backup's settings, or remove the directory to start "
+                "training over."
+            )
+        changes = [
+            f"{key} is now {now[key]!r} (it was {old[key]!r})"
+            for key in ("communication_dtype",)
+            if key in old and old[key] != now[key]
+        ]
         period = old.get("communication_period", agn.communication_period)
         if period == agn.communication_period:
-            return []
+            return changes
         step = int(keras.ops.convert_to_numpy(agn.local_step))
         if step % period or agn.fragments > 1 or agn.overlap:
             raise ValueError(
@@ -428,7 +463,8 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
             )
         return [
             f"communication_period is now {agn.communication_period} (it "
-            f"was {period})"
+            f"was {period})",
+            *changes,
         ]
 
     def _batch_change(self):
@@ -513,12 +549,33 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
 
 
 def _rule(agn):
-    """What a worker's stamp records of `agn`: its rule and period."""
+    """What a worker's stamp records of `agn`: its rule, period and the
+    settings its state depends on."""
     return {
         "commit": agn.commit,
         "normalize": bool(agn.normalize),
         "communication_period": int(agn.communication_period),
+        "communication_dtype": agn.communication_dtype,
+        "fragments": int(agn.fragments),
+        "overlap": bool(agn.overlap),
+        "error_feedback": bool(agn.error_feedback),
+        "outer_optimizer": type(agn.outer_optimizer).__name__,
     }
+
+
+# What a backup's state means another thing under: a resume refuses
+# another (the commits' dtype may change, and is said).
+_STATE_SETTINGS = ("fragments", "overlap", "error_feedback", "outer_optimizer")
+
+
+def _differences(old, now, keys):
+    """Each of `keys` whose value in `old` (a stamp; older ones lack some)
+    differs from `now`, said with both."""
+    return [
+        f"{key}={old[key]!r} in the backup, {now[key]!r} here"
+        for key in keys
+        if key in old and old[key] != now[key]
+    ]
 
 
 def _said(values, keys):

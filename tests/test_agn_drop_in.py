@@ -615,3 +615,56 @@ def test_an_optimizer_wrapped_twice_is_refused_naming_the_first_wrapper(
         AGNOptimizer(communication_period=2, **kwargs)
     del first, wrapped, kwargs  # Once the first is gone, it may be reused.
     assert AGNOptimizer(inner, 2).inner_optimizer is inner
+
+
+def test_numpy_integers_are_taken_as_python_integers():
+    # The issue's `communication_period=np.int64(4)` was "not an integer".
+    def outer():
+        return keras.optimizers.SGD(0.7, momentum=0.9)
+
+    fragmented = AGNOptimizer(
+        keras.optimizers.SGD(0.1),
+        communication_period=np.int64(4),
+        outer_optimizer=outer(),
+        fragments=np.int32(2),
+    )
+    delayed = AGNOptimizer(
+        keras.optimizers.SGD(0.1),
+        np.uint8(4),
+        outer_optimizer=outer(),
+        delayed_nesterov=np.int64(3),
+    )
+    for optimizer, key, value in (
+        (fragmented, "communication_period", 4),
+        (fragmented, "fragments", 2),
+        (delayed, "communication_period", 4),
+        (delayed, "delayed_nesterov", 3),
+    ):
+        config = optimizer.get_config()
+        assert type(config[key]) is int and config[key] == value
+    assert fragmented.core_config[:5:4] == (4, 2)  # Period, fragments.
+    with pytest.raises(ValueError, match="communication_period=np.True_"):
+        AGNOptimizer(keras.optimizers.SGD(0.1), np.bool_(True))
+
+
+def test_an_inner_optimizers_argument_is_said_to_belong_there():
+    with pytest.raises(TypeError) as raised:
+        AGNOptimizer(keras.optimizers.AdamW(), 4, learning_rate=0.1)
+    assert str(raised.value) == (
+        "AGNOptimizer got unexpected arguments: learning_rate. "
+        "`learning_rate` is an argument of the inner optimizer (AdamW): "
+        "pass it there, e.g. `AGNOptimizer(AdamW(learning_rate=0.1), ...)`."
+    )
+
+
+def test_a_misspelt_argument_gets_the_close_name():
+    with pytest.raises(TypeError) as raised:
+        AGNOptimizer(keras.optimizers.SGD(0.1), comm_period=4, colour=1)
+    assert str(raised.value).startswith(
+        "AGNOptimizer got unexpected arguments: colour, comm_period. "
+        "`colour` is not an argument of AGNOptimizer (it takes optimizer, "
+        "communication_period, outer_optimizer, "
+    )
+    assert str(raised.value).endswith(
+        "`comm_period`: did you mean `communication_period`?"
+    )

@@ -656,6 +656,22 @@ def test_a_form_the_dtype_does_not_travel_in_is_refused(
     assert message in error
 
 
+def test_an_all_gather_of_params_without_dtype_is_refused_as_float32(capsys):
+    # Without --dtype a round of --params is float32, which is all-reduced:
+    # refused as `--dtype float32` is; `--model-bytes` may be all-gathered.
+    params = {"model_bytes": None, "params": "269322", "form": "all-gather"}
+    assert refusal(capsys, **params) == (
+        "--dtype float32 (the default with --params) commits are "
+        "all-reduced. Received: --form all-gather. Leave --form out, or pass "
+        "--dtype int8 or int4."
+    )
+    assert refusal(capsys, dtype="float32", **params).startswith(
+        "--dtype float32 commits are all-reduced. Received: --form all-gather."
+    )
+    code, out, _ = command(capsys, form="all-gather")
+    assert code == 0 and "all-gather" in out
+
+
 def int4_mlp_cost(**overrides):
     """The MLP's int4 commits (143,081 bytes a round, reduce-scattered),
     against synchronous training's float32 gradients."""

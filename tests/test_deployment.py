@@ -1,6 +1,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from keras_clones import DeploymentConfig
@@ -75,6 +76,32 @@ def test_config_round_trip_and_equality():
         assert restored == config
         assert repr(restored) == repr(config)
     assert DeploymentConfig(num_clones=2) != DeploymentConfig(num_clones=3)
+
+
+def test_numpy_integers_are_taken_as_python_integers():
+    config = DeploymentConfig(
+        num_clones=np.int64(2),
+        clone_on_cpu=True,
+        replica_id=np.int32(1),
+        num_replicas=np.int64(2),
+        num_ps_tasks=np.int8(1),
+    )
+    assert config == DeploymentConfig(
+        num_clones=2,
+        clone_on_cpu=True,
+        replica_id=1,
+        num_replicas=2,
+        num_ps_tasks=1,
+    )
+    assert all(
+        type(value) is int
+        for key, value in config.get_config().items()
+        if key in ("num_clones", "replica_id", "num_replicas", "num_ps_tasks")
+    )
+    assert config.clone_scope(np.int64(1)) == "clone_1"
+    assert config.variables_device(np.int64(3)).endswith("/task:0/device:CPU:0")
+    with pytest.raises(TypeError, match="num_clones=np.True_ of type bool"):
+        DeploymentConfig(num_clones=np.bool_(True))
 
 
 @pytest.mark.parametrize(

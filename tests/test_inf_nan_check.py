@@ -454,6 +454,23 @@ def test_what_it_cannot_guard_fails_at_train_begin():
         train(model, optimizer, False, [InfNanCheck()])
 
 
+def test_a_second_inf_nan_check_is_refused_naming_both_readably():
+    optimizer = AGNOptimizer(keras.optimizers.SGD(0.01), 2)
+    with pytest.raises(ValueError) as raised:
+        train(
+            plain_model(),
+            optimizer,
+            False,
+            [InfNanCheck(), InfNanCheck("raise")],
+        )
+    assert str(raised.value) == (
+        "A training step has at most one guard, and this one already has "
+        "the guard of InfNanCheck(mode='skip'); received another: the guard "
+        "of InfNanCheck(mode='raise'). Pass one InfNanCheck per `fit` (check "
+        "its callbacks for a second one), or detach the first guard."
+    )
+
+
 def test_invalid_mode():
     with pytest.raises(ValueError, match="'skip', 'stop', 'raise'"):
         InfNanCheck("ignore")

@@ -324,3 +324,20 @@ def test_config_round_trip(tmp_path):
         "summarize_gradients": True,
         "update_freq": 5,
     }
+
+
+def test_a_summarize_gradients_that_is_no_bool_is_refused_by_name():
+    with pytest.raises(TypeError) as raised:
+        LossSummaries("logs", summarize_gradients="yes")
+    assert str(raised.value) == (
+        "`summarize_gradients` must be True (write the gradients' histograms "
+        "and norms) or False. Received: summarize_gradients='yes' of type "
+        "str."
+    )
+
+
+def test_a_numpy_update_freq_is_taken_as_a_python_integer():
+    callback = LossSummaries("logs", update_freq=np.int64(5))
+    assert type(callback.update_freq) is int and callback.update_freq == 5
+    with pytest.raises(ValueError, match=r"Received: update_freq=0\."):
+        LossSummaries("logs", update_freq=np.int32(0))

@@ -528,3 +528,60 @@ def test_a_backup_made_in_one_process_resumes_from_the_chiefs_state(
         "at epoch 3 (optimizer step 6), made without worker stamps; on 1 "
         "worker, each from the chief's state."
     ) in capsys.readouterr().out
+
+
+def sgd_outer():
+    return keras.optimizers.SGD(0.7, momentum=0.9)
+
+
+def test_a_resume_under_other_settings_names_each_with_both_values(tmp_path):
+    # Other optimizer variables: Keras leaves them unloaded (or fails), and
+    # the refusal names what differs from the worker files' stamp.
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(
+            agn_model(outer_optimizer=sgd_outer()),
+            backup(tmp_path),
+            InterruptAtEpoch(2),
+        )
+    for options, said in (
+        (
+            {"communication_dtype": "int4"},
+            "communication_dtype=None in the backup, 'int4' here; "
+            "error_feedback=False in the backup, True here",
+        ),
+        ({"fragments": 2}, "fragments=1 in the backup, 2 here"),
+        ({"overlap": True}, "overlap=False in the backup, True here"),
+    ):
+        other = agn_model(outer_optimizer=sgd_outer(), **options)
+        with pytest.raises(ValueError) as raised:
+            fit(other, backup(tmp_path))
+        assert f"; its settings differ: {said}" in str(raised.value)
+
+
+def test_another_outer_optimizer_whose_variables_load_is_refused(tmp_path):
+    # SGD's momentum and RMSprop's velocity: one slot each, loaded by
+    # position, meaning other things.
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(
+            agn_model(outer_optimizer=sgd_outer()),
+            backup(tmp_path),
+            InterruptAtEpoch(2),
+        )
+    other = agn_model(outer_optimizer=keras.optimizers.RMSprop(0.01))
+    with pytest.raises(ValueError) as raised:
+        fit(other, backup(tmp_path))
+    assert str(raised.value) == (
+        f"The backup in {str(tmp_path)!r} was made with other AGNOptimizer "
+        "settings: outer_optimizer='SGD' in the backup, 'RMSprop' here. The "
+        "state saved means another thing under each. Resume with the "
+        "backup's settings, or remove the directory to start training over."
+    )
+
+
+def test_another_communication_dtype_resumes_and_says_so(tmp_path, capsys):
+    interrupted_backup(tmp_path)
+    fit(agn_model(communication_dtype="bfloat16"), backup(tmp_path), epochs=3)
+    assert (
+        "worker 0 keeps its own state; communication_dtype is now "
+        "'bfloat16' (it was None)."
+    ) in capsys.readouterr().out

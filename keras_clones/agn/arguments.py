@@ -1,7 +1,9 @@
 """What `AGNOptimizer` accepts: each argument checked on construction,
 with an error that says what was wrong and what to pass."""
 
+import difflib
 import gc
+import inspect
 import numbers
 import warnings
 import weakref
@@ -178,9 +180,11 @@ def device_list(global_device):
     return devices
 
 
-def check_base_options(kwargs):
+def check_base_options(kwargs, optimizer, wrapper_type):
     """Refuses options of the base optimizer that belong on the inner one
-    (or their defaults, which are dropped), and any other argument."""
+    (or their defaults, which are dropped), and any other argument: each
+    said to be the inner `optimizer`'s, or given the close name among the
+    arguments of `wrapper_type` (`AGNOptimizer`)."""
     for option, default in _BASE_OPTIMIZER_DEFAULTS.items():
         if option in kwargs and kwargs.pop(option) != default:
             raise ValueError(
@@ -188,16 +192,56 @@ def check_base_options(kwargs):
                 "inner `optimizer` (and on `outer_optimizer`) instead."
             )
     if kwargs:
+        accepted = [
+            name
+            for name, parameter in inspect.signature(
+                wrapper_type
+            ).parameters.items()
+            if parameter.kind != parameter.VAR_KEYWORD
+        ]
+        hints = [
+            _hint(name, kwargs[name], optimizer, accepted)
+            for name in sorted(kwargs)
+        ]
         raise TypeError(
             "AGNOptimizer got unexpected arguments: "
-            f"{', '.join(sorted(kwargs))}."
+            f"{', '.join(sorted(kwargs))}. {' '.join(hints)}"
         )
+
+
+def _hint(name, value, optimizer, accepted):
+    """What to pass instead of the unknown argument `name` (`value`)."""
+    inner = type(optimizer).__name__
+    if isinstance(optimizer, keras.optimizers.Optimizer) and name in (
+        inspect.signature(type(optimizer)).parameters
+    ):
+        return (
+            f"`{name}` is an argument of the inner optimizer ({inner}): "
+            f"pass it there, e.g. `AGNOptimizer({inner}({name}={value!r}), "
+            "...)`."
+        )
+    close = difflib.get_close_matches(name, accepted, n=1)
+    if close:
+        return f"`{name}`: did you mean `{close[0]}`?"
+    return (
+        f"`{name}` is not an argument of AGNOptimizer (it takes "
+        f"{', '.join(accepted)})."
+    )
+
+
+def plain_integer(value):
+    """`value` as a Python `int` where it is an integer of another type (a
+    NumPy integer), so that every check and config sees Python's; any
+    other value as it is."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
 
 
 def check_period(communication_period):
     if (
         isinstance(communication_period, bool)
-        or not isinstance(communication_period, int)
+        or not isinstance(communication_period, numbers.Integral)
         or communication_period < 1
     ):
         raise ValueError(

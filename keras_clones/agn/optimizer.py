@@ -5,6 +5,7 @@ are `state_reads.AGNStateReads`, the seams keras_clones's trainers call
 `trainer_seams.AGNTrainerSeams`, both mixed in."""
 
 import contextlib
+import warnings
 
 import keras
 
@@ -144,7 +145,11 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         error_feedback=None,
         **kwargs,
     ):
-        arguments.check_base_options(kwargs)
+        arguments.check_base_options(kwargs, optimizer, AGNOptimizer)
+        communication_period, fragments, delayed_nesterov = map(
+            arguments.plain_integer,
+            (communication_period, fragments, delayed_nesterov),
+        )
         arguments.check_wrapped(optimizer, "optimizer", AGNOptimizer)
         arguments.check_period(communication_period)
         arguments.check_commit_options(commit, normalize, communication_dtype)
@@ -314,6 +319,23 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         saving.save(self, store)
 
     def load_own_variables(self, store):
+        if not self.built and len(store.keys()) > len(self.saved_variables):
+            # A built optimizer's state (centers, accumulators, slots)
+            # into one compiled but not built: its load would do nothing.
+            warnings.warn(
+                f"Skipping variable loading for optimizer '{self.name}': "
+                f"the saved optimizer was built ({len(store.keys())} "
+                f"variables), this one is not ({len(self.saved_variables)}"
+                "), so training would start its periods afresh. Build it "
+                "on the model's variables first, then load: "
+                "`optimizer.build(model.trainable_variables)`, then "
+                "`model.load_weights(path)` (a model that compiles itself "
+                "in `__init__`, as keras-hub's tasks do, comes back from "
+                "`keras.saving.load_model` with its own optimizer: see "
+                "docs/keras_hub.md).",
+                stacklevel=2,
+            )
+            return
         centers = len(self._state.states) if self.built else 0
         saving.load(self, store, self._rule_state(), centers)
 
@@ -362,8 +384,10 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
 
     def finalize_variable_values(self, var_list):
         # The model keeps its local weights (see the class docstring), with
-        # the commit in flight applied.
+        # the commit in flight applied; a warning where `fit` threw its
+        # steps away.
         self.apply_in_flight_commit()
+        self._check_fit_end()
         self.inner_optimizer.finalize_variable_values(var_list)
 
     def get_config(self):

@@ -66,6 +66,7 @@ def load(optimizer, store, rule_state, centers):
         return
     for i, variable in enumerate(loaded):
         variable.assign(store[str(i)])
+    optimizer._note_counts()
 
 
 def loadable(store, variables, rule_state, centers):
@@ -125,3 +126,4 @@ def set_weights(optimizer, weights):
                 "`variables`."
             )
         variable.assign(weight)
+    optimizer._note_counts()

@@ -73,6 +73,7 @@ class AGNTrainerSeams:
             (kinds, arrays, replicas_before),
             self._replicas.gradients_divided,
         )
+        self._note_counts()
 
     def _own_entries(self):
         self._check_built("worker state")

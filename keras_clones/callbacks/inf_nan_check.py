@@ -22,7 +22,8 @@ class _NonFiniteGuard:
     (which an optimizer on JAX carries through its step).
     """
 
-    def __init__(self, step_counter, loss_scaled):
+    def __init__(self, step_counter, loss_scaled, description):
+        self.description = description  # Whose guard it is, for errors.
         self.step_counter = step_counter
         # Under loss scaling, overflowing gradients are expected while the
         # scale settles; only a non-finite loss is a failure.
@@ -235,6 +236,7 @@ class InfNanCheck(keras.callbacks.Callback):
         self._guard = _NonFiniteGuard(
             optimizer.iterations,
             loss_scaled=optimizer_capabilities.loss_scaled(optimizer),
+            description=f"the guard of InfNanCheck(mode={self.mode!r})",
         )
         step_hooks.attach(self.model, self._hooks, self._guard)
 

@@ -1,5 +1,6 @@
 """`LossSummaries`: `model_deploy`'s loss and gradient summaries."""
 
+import numbers
 import os
 
 import keras
@@ -130,6 +131,17 @@ class LossSummaries(keras.callbacks.Callback):
                 "`log_dir` must be a string or a path. Received: "
                 f"log_dir={log_dir!r} of type {type(log_dir).__name__}."
             )
+        if not isinstance(summarize_gradients, bool):
+            raise TypeError(
+                "`summarize_gradients` must be True (write the gradients' "
+                "histograms and norms) or False. Received: "
+                f"summarize_gradients={summarize_gradients!r} of type "
+                f"{type(summarize_gradients).__name__}."
+            )
+        if isinstance(update_freq, numbers.Integral) and not isinstance(
+            update_freq, bool
+        ):
+            update_freq = int(update_freq)  # A NumPy integer too.
         if update_freq not in ("epoch", "batch") and (
             not isinstance(update_freq, int)
             or isinstance(update_freq, bool)

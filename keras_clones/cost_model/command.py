@@ -265,10 +265,14 @@ def _form(args):
             "all-gathers them, JAX reduce-scatters them. Received: --form "
             "all-reduce. Pass --form all-gather or --form reduce-scatter."
         )
-    if args.dtype and not quantized and args.form != "all-reduce":
+    # With --params floats travel: float32 where --dtype is left out.
+    floats = args.dtype or ("float32" if args.params is not None else None)
+    if floats and not quantized and args.form != "all-reduce":
+        default = "" if args.dtype else " (the default with --params)"
         raise _OptionError(
-            f"--dtype {args.dtype} commits are all-reduced. Received: --form "
-            f"{args.form}. Leave --form out, or pass --dtype int8 or int4."
+            f"--dtype {floats}{default} commits are all-reduced. Received: "
+            f"--form {args.form}. Leave --form out, or pass --dtype int8 or "
+            "int4."
         )
     return args.form
 
