@@ -17,6 +17,7 @@ the workers do the training.
 """
 
 import argparse
+import numbers
 import os
 import signal
 import sys
@@ -145,11 +146,16 @@ def launch(
         raise FileNotFoundError(f"No such script: {script!r}.")
     if ps < 0:
         raise ValueError(f"`ps` must be non-negative. Received: ps={ps!r}.")
-    if not isinstance(max_restarts, int) or max_restarts < 0:
+    if (
+        isinstance(max_restarts, bool)
+        or not isinstance(max_restarts, numbers.Integral)
+        or max_restarts < 0
+    ):
         raise ValueError(
             "`max_restarts` must be a non-negative integer. "
             f"Received: max_restarts={max_restarts!r}."
         )
+    max_restarts = int(max_restarts)
     check_min_workers(min_workers, workers, max_restarts, ps)
     if restart_workers and max_restarts:
         raise ValueError(

@@ -233,6 +233,17 @@ def test_launch_checks_its_arguments(tmp_path):
             launch(script, max_restarts=wrong)
 
 
+def test_launch_takes_numpy_integers_as_python_integers(tmp_path):
+    import numpy as np
+
+    script = write_script(tmp_path, "")
+    # Past `max_restarts` (a NumPy integer) to `min_workers`' own check.
+    with pytest.raises(ValueError, match=r"from 1 to `workers` \(2\)"):
+        launch(
+            script, workers=2, max_restarts=np.int64(1), min_workers=np.int8(3)
+        )
+
+
 def test_help_fits_a_screen_and_names_its_docs_page(capsys):
     with pytest.raises(SystemExit) as raised:
         main(["--help"])

@@ -3,6 +3,7 @@ again after a failure (`--max-restarts`), one fewer after one failed to
 start in a row (`--min-workers`); a summary line per restart, with how long
 after the death training went on."""
 
+import numbers
 import sys
 import threading
 import time
@@ -105,7 +106,11 @@ def _workers_after(run, workers, min_workers, max_restarts, failures, lock):
 def check_min_workers(min_workers, workers, max_restarts, ps):
     if min_workers is None:
         return
-    if not isinstance(min_workers, int) or not 1 <= min_workers <= workers:
+    if (
+        isinstance(min_workers, bool)
+        or not isinstance(min_workers, numbers.Integral)
+        or not 1 <= min_workers <= workers
+    ):
         raise ValueError(
             f"`min_workers` must be an integer from 1 to `workers` "
             f"({workers}). Received: min_workers={min_workers!r}."

@@ -1,5 +1,7 @@
 """Which strategy is parameter-server training, and a cluster in one process."""
 
+import numbers
+
 import tensorflow as tf
 
 from keras_clones.ports import free_ports
@@ -52,7 +54,9 @@ class InProcessCluster:
             ("num_ps", num_ps),
             ("cpus_per_server", cpus_per_server),
         ):
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(
+                value, numbers.Integral
+            ):
                 raise TypeError(
                     f"`{name}` must be an integer. Received: {value!r}."
                 )
