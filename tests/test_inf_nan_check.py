@@ -471,6 +471,18 @@ def test_a_second_inf_nan_check_is_refused_naming_both_readably():
     )
 
 
+def test_a_fit_after_one_that_raised_with_an_inf_nan_check_takes_a_new_one():
+    # Keras calls no `on_train_end` after an error: the check the refused
+    # `fit` attached is detached when the next one starts.
+    model, optimizer = (
+        plain_model(),
+        AGNOptimizer(keras.optimizers.SGD(0.01), 2),
+    )
+    with pytest.raises(ValueError, match="at most one guard"):
+        train(model, optimizer, False, [InfNanCheck(), InfNanCheck("raise")])
+    train(model, optimizer, False, [InfNanCheck("raise")])
+
+
 def test_invalid_mode():
     with pytest.raises(ValueError, match="'skip', 'stop', 'raise'"):
         InfNanCheck("ignore")

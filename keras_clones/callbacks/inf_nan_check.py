@@ -1,5 +1,7 @@
 """`InfNanCheck`: skip, stop or raise on non-finite losses and gradients."""
 
+import weakref
+
 import keras
 
 from keras_clones import _keras_internals as internals
@@ -10,6 +12,10 @@ from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones.multi_worker import topology
 
 _MODES = ("skip", "stop", "raise")
+# The InfNanCheck whose guard each model's steps carry: one a `fit` that
+# raised left attached (Keras calls no `on_train_end` then) is detached
+# when the next `fit` starts.
+_ATTACHED = weakref.WeakKeyDictionary()
 
 
 class _NonFiniteGuard:
@@ -231,6 +237,10 @@ class InfNanCheck(keras.callbacks.Callback):
         self._guard = None
 
     def on_train_begin(self, logs=None):
+        attached = _ATTACHED.get(self.model)
+        # Another `fit`'s callbacks have other params.
+        if attached is not None and attached.params is not self.params:
+            attached._detach()
         self._hooks = _step_hooks(self.model)
         optimizer = self.model.optimizer
         self._guard = _NonFiniteGuard(
@@ -239,6 +249,7 @@ class InfNanCheck(keras.callbacks.Callback):
             description=f"the guard of InfNanCheck(mode={self.mode!r})",
         )
         step_hooks.attach(self.model, self._hooks, self._guard)
+        _ATTACHED[self.model] = self
 
     def on_epoch_begin(self, epoch, logs=None):
         self._guard.skipped_steps.reset_state()
@@ -275,6 +286,8 @@ class InfNanCheck(keras.callbacks.Callback):
             return
         step_hooks.detach(self.model, self._hooks, self._guard)
         self._hooks = None
+        if _ATTACHED.get(self.model) is self:
+            del _ATTACHED[self.model]
 
     def get_config(self):
         return {"mode": self.mode}
