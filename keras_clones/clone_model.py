@@ -341,7 +341,7 @@ class CloneModel(keras.Model):
         batch = clones.split(data, deployment)
         run = clones.run(self, batch, deployment, reads)
         with tf.device(deployment.optimizer_device()):
-            grads, copy_grads = self._combine(run, reads)
+            grads, copy_grads = self._combine(run, reads, batch)
             y_pred = clones.merge_outputs(run.y_preds, run.sizes)
             computed = clones.computed_step(
                 run,
@@ -477,17 +477,14 @@ class CloneModel(keras.Model):
         with tf.device(deployment.inputs_device()):
             return clones.merge_outputs(y_preds, [c.size for c in batch.clones])
 
-    def _combine(self, run, reads):
-        """The gradients of the whole batch, summed over clones, and, for
+    def _combine(self, run, reads, batch):
+        """The gradients of the whole `batch`, summed over clones, and, for
         replicated variables, each copy's all-reduced gradients; across
         workers, as every worker applies them (`modes`), with the state
         `reads` moved agreed."""
-        copy_grads = []
-        if reads.copies is None:
-            grads = clones.summed_gradients(run.grads)
-        else:
-            copy_grads = reads.copies.all_reduce(run.grads)
-            grads = copy_grads[0]
+        grads, copy_grads = clones.combined_gradients(
+            run.grads, batch, reads.copies, self._deployment
+        )
         grads = self._mode.agree_on_step(
             grads,
             reads.moved,

@@ -256,11 +256,23 @@ def _weighted_loss(model, loss, clone, reduction):
     return (loss - extra) * clone.present + extra * clone.share
 
 
-def summed_gradients(clone_grads):
-    """The clones' gradients (one list per clone), summed per variable;
-    sparse gradients stay sparse (their rows concatenated, summed on
-    apply)."""
-    return [_sum_gradients(g) for g in zip(*clone_grads)]
+def combined_gradients(clone_grads, batch, copies, deployment):
+    """The clones' gradients (one list per clone) of `batch`, summed, and,
+    for replicated variables (`copies`, else None), each copy's all-reduced
+    gradients (else `[]`).
+
+    Sparse gradients stay sparse: their rows concatenated (summed on
+    apply), but those of each of `shared_rows`' `SharedRows` summed.
+    """
+    shared = shared_rows(clone_grads, batch)
+    if copies is None:
+        summed = [_sum_gradients(g) for g in zip(*clone_grads)]
+        return merge_shared_rows(summed, shared), []
+    copy_grads = []
+    for i, grads in enumerate(copies.all_reduce(clone_grads)):
+        with tf.device(deployment.clone_device(i)):
+            copy_grads.append(merge_shared_rows(grads, shared))
+    return copy_grads[0], copy_grads
 
 
 def _sum_gradients(grads):
@@ -276,6 +288,142 @@ def _sum_gradients(grads):
             present[0].dense_shape,
         )
     return tf.add_n([tf.convert_to_tensor(g) for g in present])
+
+
+class SharedRows(typing.NamedTuple):
+    """A sparse gradient whose rows may be the same in every clone."""
+
+    same: tf.Tensor  # Whether every clone's indices are equal (a boolean).
+    clones: int  # How many clones' rows the summed gradient concatenates.
+
+
+def shared_rows(clone_grads, batch):
+    """Per variable, a `SharedRows` where its sparse gradient's rows come
+    from a lookup made once per batch (a position embedding), else None.
+
+    A plain model's gradient has such a lookup's rows once; the clones'
+    concatenated gradients have them once per clone, and an optimizer that
+    squares each row (Adam) then differs. A lookup is made once per batch
+    where its indices depend on nothing of the batch, neither its values nor
+    its shape (found in the traced step's graph); the clones' rows are then
+    summed where the indices agree when the step runs (random indices drawn
+    per clone do not). Indices that depend on the batch (token embeddings)
+    keep one row per occurrence, as the plain model's gradient has. An
+    eager step cannot tell them apart: it keeps the rows apart, and warns
+    where they agree.
+
+    Args:
+        clone_grads: One list of gradients per clone.
+        batch: The `Batch` the clones ran on.
+    """
+    shared = []
+    batch_ops = None
+    for grads in zip(*clone_grads):
+        if len(grads) < 2 or not all(
+            isinstance(g, tf.IndexedSlices) for g in grads
+        ):
+            shared.append(None)
+            continue
+        indices = [g.indices for g in grads]
+        if tf.executing_eagerly():
+            _warn_if_shared_when_eager(indices)
+            shared.append(None)
+            continue
+        if batch_ops is None:
+            batch_ops = {t.op.name for t in _tensors(batch.data)}
+        if any(_depends_on(i, batch_ops) for i in indices):
+            shared.append(None)
+            continue
+        same = _all_equal(indices)
+        shared.append(None if same is False else SharedRows(same, len(grads)))
+    return shared
+
+
+def merge_shared_rows(grads, shared):
+    """`grads` (summed, or all-reduced: each variable's rows concatenated
+    clone after clone) with the rows of each `SharedRows` summed where they
+    agree, in one clone's order (a row the lookup repeats stays repeated,
+    as in the plain model's gradient)."""
+    return [
+        grad if rows is None else _merged(grad, rows)
+        for grad, rows in zip(grads, shared)
+    ]
+
+
+def _merged(grad, rows):
+    def summed():
+        blocks = tf.concat([[rows.clones, -1], tf.shape(grad.values)[1:]], 0)
+        per_clone = tf.shape(grad.indices)[0] // rows.clones
+        return (
+            tf.reduce_sum(tf.reshape(grad.values, blocks), 0),
+            grad.indices[:per_clone],
+        )
+
+    values, indices = tf.cond(
+        rows.same, summed, lambda: (grad.values, grad.indices)
+    )
+    return tf.IndexedSlices(values, indices, grad.dense_shape)
+
+
+def _tensors(data):
+    flat = tf.nest.flatten(data, expand_composites=True)
+    return [t for t in flat if isinstance(t, tf.Tensor)]
+
+
+def _depends_on(tensor, op_names):
+    """Whether `tensor` may depend on an op of `op_names`, its values or
+    its shape (a graph walk back through every op's inputs)."""
+    stack, seen = [tensor.op], set()
+    while stack:
+        op = stack.pop()
+        if op.name in op_names:
+            return True
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+    return False
+
+
+def _all_equal(indices):
+    """Whether the clones' indices are the same: a boolean tensor, or
+    False where their shapes differ when traced."""
+    first = indices[0]
+    if not all(first.shape.is_compatible_with(i.shape) for i in indices):
+        return False
+    same = tf.constant(True)
+    for other in indices[1:]:
+        same = tf.logical_and(same, _equal(first, other))
+    return same
+
+
+def _equal(a, b):
+    if a.shape.is_fully_defined() and b.shape.is_fully_defined():
+        return tf.reduce_all(tf.equal(a, b))  # Of the same shape.
+    return tf.cond(
+        tf.equal(tf.size(a), tf.size(b)),
+        lambda: tf.reduce_all(tf.equal(a, b)),
+        lambda: tf.constant(False),
+    )
+
+
+def _warn_if_shared_when_eager(indices):
+    """Warns (once, under Python's default filter) where an eager step's
+    clones have the same indices."""
+    if not bool(_all_equal(indices)):
+        return
+    warnings.warn(
+        "A sparse gradient (e.g. an `Embedding`'s) has the same indices in "
+        "every clone of this eager step (`run_eagerly=True`). CloneModel "
+        "cannot tell an eager step's lookup made once per batch (a position "
+        "embedding: the plain model's gradient has its rows once) from one "
+        "that follows the batch (tokens: one row per occurrence), so it "
+        "keeps each clone's rows; with an optimizer that squares each row "
+        "(Adam) a lookup made once per batch then trains unlike the plain "
+        "model. Compile with `run_eagerly=False` for the plain model's "
+        "update.",
+        stacklevel=2,
+    )
 
 
 def computed_step(result, batch, y_pred, **training):

@@ -11,9 +11,13 @@ from helpers import two_tower
 import keras_clones
 from keras_clones import CloneModel
 from keras_clones import DeploymentConfig
+from keras_clones import clones as clone_steps
 
 THREE_CPUS = DeploymentConfig(devices=["/cpu:0", "/cpu:1", "/cpu:2"])
 TWO_CPUS = DeploymentConfig(devices=["/cpu:0", "/cpu:1"])
+REPLICATED_THREE_CPUS = DeploymentConfig(
+    devices=["/cpu:0", "/cpu:1", "/cpu:2"], variable_update="replicated"
+)
 
 
 def pair(build, deployment, **compile_kwargs):
@@ -148,6 +152,88 @@ def test_sum_reduction_matches_plain_model():
     ref_logs, clone_logs = fit_both(reference, clones, x, y, batch_size=8)
     np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], atol=1e-5)
     assert_same_weights(reference, clones)
+
+
+class PositionEmbedding(keras.layers.Layer):
+    """Adds an embedding of each of 4 positions, looked up once per batch
+    (as keras-hub's ViT does)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = keras.layers.Embedding(4, 8)
+
+    def call(self, x):
+        return x + self.embedding(keras.ops.arange(4)[None])
+
+
+def embedded(model_class=keras.Model, **kwargs):
+    """A regression on 4 token ids, embedded, plus their position's
+    embedding."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,), dtype="int32")
+    h = PositionEmbedding()(keras.layers.Embedding(6, 8)(inputs))
+    outputs = keras.layers.Dense(1)(keras.layers.Flatten()(h))
+    return model_class(inputs, outputs, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "rows, deployment",
+    [
+        (8, TWO_CPUS),  # Both clones look up the same tokens.
+        (7, REPLICATED_THREE_CPUS),  # 3, 2, 2 rows
+    ],
+)
+def test_embeddings_train_as_the_plain_model_under_adam(rows, deployment):
+    # Adam squares each row of a sparse gradient: a position, looked up once
+    # per batch, has one row in the plain model's gradient (not one per
+    # clone); a token one per occurrence (as the clones' rows together).
+    reference, clones = pair(embedded, deployment, loss="mse", metrics=None)
+    for model in (reference, clones):
+        model.compile(keras.optimizers.Adam(1e-3), "mse")
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 6, size=(4, 4)).astype("int32")
+    x = np.concatenate([tokens, tokens])[:rows]
+    y = rng.normal(size=(rows, 1)).astype("float32")
+    fit_both(reference, clones, x, y, batch_size=rows, epochs=2)
+    assert_same_weights(reference, clones, atol=1e-7)
+
+
+def test_clones_rows_sum_only_where_their_indices_agree_and_ignore_the_batch():
+    shape = tf.constant([6, 2])
+
+    @tf.function
+    def combined(x, offset):
+        batch = clone_steps.Batch((x, None, None), tf.shape(x)[0], [])
+        # Indices of the batch's values, the same in both clones.
+        follows = tf.IndexedSlices(tf.ones((2, 2)), tf.cast(x, "int32"), shape)
+        grads = [
+            [
+                tf.IndexedSlices(
+                    tf.fill((2, 2), float(k)), tf.range(2) + offset * k, shape
+                ),
+                follows,
+            ]
+            for k in (1, 2)
+        ]
+        return clone_steps.combined_gradients(grads, batch, None, None)[0]
+
+    x = tf.constant([3.0, 4.0])
+    shared, tokens = combined(x, tf.constant(0))  # Equal: rows summed.
+    np.testing.assert_array_equal(shared.indices, [0, 1])
+    np.testing.assert_array_equal(shared.values, [[3.0, 3.0], [3.0, 3.0]])
+    # Rows of the batch keep one row per clone, equal or not.
+    np.testing.assert_array_equal(tokens.indices, [3, 4, 3, 4])
+    drawn, _ = combined(x, tf.constant(1))  # They differ: concatenated.
+    np.testing.assert_array_equal(drawn.indices, [1, 2, 2, 3])
+    np.testing.assert_array_equal(drawn.values[:, 0], [1.0, 1.0, 2.0, 2.0])
+
+
+def test_an_eager_step_keeps_rows_the_clones_share_and_says_why():
+    model = embedded(CloneModel, deployment=TWO_CPUS)
+    model.compile(keras.optimizers.Adam(1e-3), "mse", run_eagerly=True)
+    x = np.zeros((2, 4), "int32")
+    with pytest.warns(UserWarning, match="run_eagerly=False"):
+        model.fit(x, np.ones((2, 1)), batch_size=2, verbose=0)
 
 
 @pytest.mark.parametrize("reduction", ["mean_with_sample_weight", "none"])
