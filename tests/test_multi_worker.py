@@ -671,20 +671,30 @@ def test_inf_nan_check_skips_a_step_on_every_worker_when_one_is_not_finite(
 
 
 def test_workers_that_disagree_fail_with_a_clear_error(launched):
-    # Three mistakes in turn; the workers go on after each.
+    # Four mistakes in turn; the workers go on after each.
     _, output = launched
     for mode, error in (
         ("clones", "The workers do not agree on the deployment"),
         ("activation", "The workers do not agree on the model"),
+        (
+            "rows",
+            "Across TensorFlow workers every worker is given the same data",
+        ),
         ("outside_scope", "This process is task worker:{} of a cluster"),
     ):
         for worker in (0, 1):
             line = f"[worker {worker}] {mode}: ValueError: "
             assert line + error.format(worker) in output, output[-6000:]
     assert "model was created outside `strategy.scope()`" in output
-    # The differing fields are named, with each worker's value.
+    # The differing fields are named, with each worker's value and the
+    # other worker; rows with each worker's count (not TensorFlow's
+    # "Collective instance ... data_type" a step later).
     for worker, devices, activation in ((0, 2, "tanh"), (1, 1, "relu")):
-        assert f"devices (here: {devices} items)" in output, output[-6000:]
+        differs = f"Worker {worker} (this worker) differs from worker "
+        differs += f"{1 - worker} in: "
+        assert f"{differs}devices (here: {devices} items)" in output
         assert (
-            f'layers[1].config.activation (here: "{activation}")' in output
-        ), output[-6000:]
+            f'{differs}model.layers[1].config.activation (here: "{activation}")'
+        ) in output, output[-6000:]
+    rows = "the workers have [64, 48] rows (by worker). Give every worker "
+    assert output.count(rows + "the same arrays") == 2, output[-6000:]

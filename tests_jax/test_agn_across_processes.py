@@ -334,6 +334,64 @@ def test_what_cannot_run_across_processes_is_refused_alike_on_each(
         assert message in refused[1]
 
 
+def named(field, *values):
+    """What each process names of `field`, by its value there (a regex)."""
+    return [re.escape(f"{field} (here: {value})") for value in values]
+
+
+def kernel(model, *shapes):
+    """What each process names of `model`'s first kernel, by its shape
+    there (a regex)."""
+    return [
+        rf'weights\[0\] \(here: "{model}/dense_\d+/kernel {re.escape(shape)} '
+        r'float32"\)'
+        for shape in shapes
+    ]
+
+
+# What process 1 changed (tests_jax/workers/fit_behaviours.py's
+# `differing`): the first field each process names, by process.
+DIFFERENCES = {
+    "activation": named(
+        "model.layers[1].config.activation", '"tanh"', '"relu"'
+    ),
+    "width": named("model.layers[1].config.units", 4, 5),
+    "learning_rate": named(
+        "compile.optimizer.config.optimizer.config.learning_rate",
+        0.009999999776482582,
+        0.019999999552965164,
+    ),
+    "period": named("compile.optimizer.config.communication_period", 4, 2),
+    # A subclass built by `fit` on rows of 5 or 6 features: checked again
+    # once built, before its variables travel.
+    "features": kernel("lazy_mlp", "(5, 4)", "(6, 4)"),
+}
+
+
+@pytest.mark.parametrize("difference", sorted(DIFFERENCES))
+def test_processes_that_disagree_on_the_model_are_refused_naming_it(
+    launched_behaviours, difference
+):
+    # Each process names the field, its own value and the other process,
+    # before a collective shaped by the model: a width, period or input
+    # that differs would otherwise abort in gloo, an activation or
+    # learning rate train silently.
+    found, _, _ = launched_behaviours
+    for process, refused in enumerate(f[difference] for f in found):
+        assert refused is not None and refused[0] == "ValueError"
+        assert refused[1].startswith(
+            "The processes do not agree on the model and its compilation; "
+            "every process must run the same script with the same "
+            f"configuration. Process {process} (this process) differs from "
+            f"process {1 - process} in: "
+        )
+        named = DIFFERENCES[difference][process]
+        assert re.search(rf"in: {named}[;.]", refused[1]), refused[1]
+        if difference == "width":  # The layer's variables, by path.
+            shape = f"(5, {4 + process})"
+            assert re.search(kernel(r"sequential_\d+", shape)[0], refused[1])
+
+
 def test_files_are_written_once_by_process_0(launched_behaviours):
     _, _, out = launched_behaviours
     assert sorted(p.name for p in out.glob("model.*")) == [

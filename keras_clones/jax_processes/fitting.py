@@ -8,6 +8,10 @@ then compiles and fits a plain `keras.Model` on its own rows. When JAX
 runs several processes, no `keras.distribution` is set and the optimizer
 is (or wraps) an `AGNOptimizer`, `fit`:
 
+- refuses, on every process, before Keras's `fit` and any callback,
+  processes that do not agree on the model and its compilation (the
+  optimizer's configuration included), naming what differs and where
+  (`check_same_model`);
 - trains with the train function of `train_function.make`: each process
   takes its own local steps, and the AGN commits are averaged over the
   processes;
@@ -43,14 +47,17 @@ import weakref
 
 import jax
 import keras
+import numpy as np
 
 from keras_clones import _keras_internals as internals
 from keras_clones import first_step
 from keras_clones import gradients
 from keras_clones import period_programs
 from keras_clones.jax_processes import backup
+from keras_clones.jax_processes import exits
 from keras_clones.jax_processes import train_function
 from keras_clones.jax_processes.workers import Workers
+from keras_clones.multi_worker import description
 from keras_clones.worker_backup import agn_optimizer
 
 NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
@@ -162,13 +169,15 @@ def _check_one_device():
 class ProcessAgreement(keras.callbacks.Callback):
     """What the processes agree on during `fit` of `model` (see the
     module's docstring); `fit` adds it last, with each process's rows (or
-    None, unknown)."""
+    None, unknown), and whether `check_same_model` saw its variables
+    (`described`; else, a model built by `fit`, it checks again)."""
 
-    def __init__(self, workers, model, rows):
+    def __init__(self, workers, model, rows, described=True):
         super().__init__()
         self._workers = workers
         self._trained = model
         self._rows = rows
+        self._described = described
 
     def on_train_begin(self, logs=None):
         steps = self.params.get("steps")
@@ -200,6 +209,8 @@ class ProcessAgreement(keras.callbacks.Callback):
                 "jax.process_count()`."
             )
         model = self._trained
+        if not self._described:  # Its variables, before they travel.
+            check_same_model(model, self._workers)
         agn = agn_optimizer(model.optimizer)
         step = int(keras.ops.convert_to_numpy(agn.local_step))
         if step == 0:
@@ -255,8 +266,11 @@ def own_writer(callback, workers):
 def fit(keras_fit, model, *args, **kwargs):
     """Keras's `fit` (`keras_fit`): across JAX processes where it acts, and
     with an `AGNOptimizer`'s first step started before the steps
-    (`first_step`)."""
+    (`first_step`); its start noted where it trains across JAX processes
+    (`exits`), whatever trains."""
     check_processes_started()
+    if _spans_processes(model):
+        exits.fit_started()
     if model.optimizer is None:
         return keras_fit(model, *args, **kwargs)
     across = across_processes(model)
@@ -282,9 +296,25 @@ def fit(keras_fit, model, *args, **kwargs):
         return keras_fit(*arguments.args, **arguments.kwargs)
 
 
+def _spans_processes(model):
+    """Whether `fit` of `model` runs collectives across JAX processes
+    (with an `AGNOptimizer`, or under a `keras.distribution` whose mesh
+    has other processes' devices): every process must run it."""
+    if jax.process_count() == 1:
+        return False
+    if trains_across(model):
+        return True
+    distribution = keras.distribution.distribution()
+    return distribution is not None and (
+        np.prod(distribution.device_mesh.shape) > jax.local_device_count()
+    )
+
+
 def _across(model, options, callbacks):
-    """`fit`'s callbacks across processes (`options` are its arguments)."""
+    """`fit`'s callbacks across processes (`options` are its arguments),
+    once the processes agree on the model (`check_same_model`)."""
     own = workers()
+    check_same_model(model, own)
     _ACROSS.add(model)
     if options["verbose"] == "auto" and not own.is_chief:
         options["verbose"] = 0
@@ -297,7 +327,28 @@ def _across(model, options, callbacks):
         for callback in callbacks
         if own_writer(callback, own)
     ]
-    return [*callbacks, ProcessAgreement(own, model, _rows(options["x"]))]
+    agreement = ProcessAgreement(
+        own, model, _rows(options["x"]), described=bool(model.weights)
+    )
+    return [*callbacks, agreement]
+
+
+def check_same_model(model, workers):
+    """Raises the same `ValueError` on every process where the processes'
+    models differ (`description.describe`: the architecture, the
+    variables' paths, shapes and dtypes, the compilation with the
+    optimizer's configuration), naming what differs and on which
+    process; from gathers of a fixed size, so a disagreement reaches no
+    collective shaped by the model (`description.check_same`). Every
+    process must call it alike."""
+    description.check_same(
+        lambda values: workers.gather(np.asarray(values, np.uint32)).tolist(),
+        "the model and its compilation",
+        description.describe(model),
+        [f"process {p}" for p in range(workers.count)],
+        workers.index,
+        noun="process",
+    )
 
 
 def jax_state_sync(keras_sync, model):

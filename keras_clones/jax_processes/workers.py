@@ -108,7 +108,8 @@ class Workers:
         return self.run(self._broadcast, (list(values),))
 
     def gather(self, value):
-        """Every process's scalar `value`, as a NumPy vector."""
+        """Every process's `value`, a scalar or a vector of one length on
+        every process, stacked in a NumPy array (a row per process)."""
         (gathered,) = self.run(self._gather, ([np.asarray(value)],))
         return np.asarray(gathered)
 

@@ -9,7 +9,9 @@ concern per module:
 - `worker`: `run_as_worker`, how `fit`, `evaluate` and `predict` run on a
   worker (files, agreement, shuffling, lost workers);
 - `files`: chief-only writes;
-- `agreement`: the workers agree on what they train;
+- `agreement`: the workers agree on what they train, and on their data;
+- `description`: what they compare and where they differ, without
+  TensorFlow (JAX's processes compare it too);
 - `functions`: the train function across workers, building, logs;
 - `collectives`: what a training step communicates beyond the gradients.
 """

@@ -1,82 +1,45 @@
-"""Agreement between workers: the same model, compilation and seed, and
-batches they split alike."""
+"""Agreement between workers: the same model, compilation and seed (what
+they compare is `description`'s), and the same data, in batches they
+split alike."""
 
-import json
 import random
-import zlib
 
 import tensorflow as tf
 from tensorflow.python.data.experimental.ops import distribute as data_ops
 
+from keras_clones.multi_worker import description
 from keras_clones.multi_worker import topology
 
-# Workers that disagree compare their fields in this many buckets, and the
-# error names at most this many fields.
-_FIELD_BUCKETS = 4096
 
-
-_NAMED_FIELDS = 8
-
-
-def check_same_on_every_worker(strategy, what, description):
-    """Raises if the workers' `description`s (JSON-able) differ.
+def check_same_on_every_worker(strategy, what, described):
+    """Raises if the workers' `described` (JSON-able, e.g.
+    `description.describe(model)`) differ.
 
     Workers that disagree on what they train would otherwise hang in
     mismatched collectives or silently train different things. The error
-    names the fields that differ, with this worker's values.
+    names the fields that differ, with this worker's values, and the
+    workers they differ from (`description.check_same`).
     """
     if not topology.across_workers(strategy):
         return
-    text = json.dumps(description, sort_keys=True, default=repr)
-    fingerprints = _gathered(strategy, [zlib.crc32(text.encode())])
-    if len(set(map(tuple, fingerprints))) == 1:
-        return
-    fields = _fields(description)
-    # Each field's fingerprint goes to a bucket of its name: buckets that
-    # differ between workers hold the fields that differ.
-    buckets = [0] * _FIELD_BUCKETS
-    for path, value in fields.items():
-        buckets[_bucket(path)] ^= zlib.crc32(f"{path}={value}".encode())
-    gathered = _gathered(strategy, buckets)
-    differing = {
-        b for b in range(_FIELD_BUCKETS) if len({w[b] for w in gathered}) > 1
-    }
-    named = [
-        f"{path} (here: {value})"
-        for path, value in sorted(fields.items())
-        if _bucket(path) in differing
-    ]
-    if len(named) > _NAMED_FIELDS:
-        named[_NAMED_FIELDS:] = [f"{len(named) - _NAMED_FIELDS} more"]
-    task = strategy.cluster_resolver.task_id
-    raise ValueError(
-        f"The workers do not agree on {what}; every worker must run the "
-        "same script with the same configuration. This worker (task "
-        f"{task}) differs from another in: "
-        f"{'; '.join(named) or 'fields only other workers have'}."
+    workers = strategy.num_replicas_in_sync
+    description.check_same(
+        lambda values: _gathered(strategy, values),
+        what,
+        described,
+        [f"worker {w}" for w in range(workers)],
+        _index(strategy),
     )
 
 
-def _bucket(path):
-    return zlib.crc32(path.encode()) % _FIELD_BUCKETS
-
-
-def _fields(description, path="", fields=None):
-    """`{path: value}` for every leaf (and container size) of a JSON-able
-    description, e.g. `{"model.config.layers[1].config.activation": "'tanh'"}`.
-    """
-    fields = {} if fields is None else fields
-    if isinstance(description, dict):
-        fields[path or "."] = f"keys {sorted(map(str, description))}"
-        for key, value in description.items():
-            _fields(value, f"{path}.{key}" if path else str(key), fields)
-    elif isinstance(description, (list, tuple)):
-        fields[path or "."] = f"{len(description)} items"
-        for i, value in enumerate(description):
-            _fields(value, f"{path}[{i}]", fields)
-    else:
-        fields[path] = json.dumps(description, default=repr)
-    return fields
+def _index(strategy):
+    """This worker's place among the workers (the chief first), as
+    collectives order them."""
+    resolver = strategy.cluster_resolver
+    if resolver.task_type == "chief":
+        return 0
+    chiefs = len(resolver.cluster_spec().as_dict().get("chief", []))
+    return resolver.task_id + chiefs
 
 
 def check_in_strategy_scope(model):
@@ -100,20 +63,6 @@ def check_in_strategy_scope(model):
             "`tf.distribute.MultiWorkerMirroredStrategy().scope()`; to "
             "train one model per process on purpose, unset TF_CONFIG."
         )
-
-
-def describe(model):
-    """What the workers must agree on, as far as Keras can describe it."""
-    try:
-        config = model.get_config()  # Includes the deployment.
-    except NotImplementedError:  # A subclassed model without a config.
-        config = [type(model).__qualname__, model.deployment.get_config()]
-    try:
-        compiled = model.get_compile_config()
-    except (TypeError, ValueError):  # A loss or metric Keras cannot save.
-        compiled = [type(model.optimizer).__qualname__, repr(model.loss)]
-    weights = [(w.path, w.shape, w.dtype) for w in model.weights]
-    return {"model": config, "compile": compiled, "weights": weights}
 
 
 def chief_seed(strategy):
@@ -178,3 +127,57 @@ def check_global_batch(strategy, x, batch_size):
             f"{lower or workers} or {lower + workers}), or run on a number "
             f"of workers that divides {size}."
         )
+
+
+def check_same_rows(strategy, x, batch_size):
+    """Raises a `ValueError` where the workers' inputs would not split
+    alike (each trains on its own part of every batch): arrays of other
+    lengths, datasets of other numbers of batches, or other global
+    batches, where each worker knows its own. One all-gather: every
+    worker must call it.
+
+    Args:
+        x: `fit`'s (`evaluate`'s, `predict`'s) `x`, as `global_batch`
+            takes it.
+        batch_size: the `batch_size` given with it.
+    """
+    if not topology.across_workers(strategy):
+        return
+    size, _ = global_batch(x, batch_size)
+    here = [_rows(x), _batches(x), -1 if size is None else size]
+    gathered = _gathered(strategy, here)
+    for i, (counted, advice) in enumerate(
+        (
+            ("rows", "the same arrays"),
+            ("batches in their datasets", "the same dataset"),
+            ("examples in their global batches", "the same `batch_size`"),
+        )
+    ):
+        counts = [worker[i] for worker in gathered]
+        if min(counts) >= 0 and len(set(counts)) > 1:
+            raise ValueError(
+                "Across TensorFlow workers every worker is given the same "
+                "data (each trains on its own part of every batch, and "
+                "their steps meet in collectives), but the workers have "
+                f"{counts} {counted} (by worker). Give every worker "
+                f"{advice}: `x` is the global data on every worker."
+            )
+
+
+def _rows(x):
+    """The rows of `x` where it is arrays (a structure of them with a
+    length), else -1."""
+    if isinstance(x, tf.data.Dataset):
+        return -1
+    leaves = tf.nest.flatten(x)
+    if not leaves or not all(hasattr(leaf, "shape") for leaf in leaves):
+        return -1
+    return len(leaves[0]) if len(leaves[0].shape) else -1
+
+
+def _batches(x):
+    """The batches of a `tf.data.Dataset` where tf.data can tell (finite),
+    else -1."""
+    if not isinstance(x, tf.data.Dataset):
+        return -1
+    return max(int(x.cardinality()), -1)  # INFINITE -1, UNKNOWN -2.

@@ -9,6 +9,7 @@ import tensorflow as tf
 from keras_clones import _keras_internals as internals
 from keras_clones.multi_worker import agreement
 from keras_clones.multi_worker import backup
+from keras_clones.multi_worker import description
 from keras_clones.multi_worker import files
 from keras_clones.multi_worker import topology
 
@@ -50,7 +51,10 @@ def run_as_worker(model, method, args, kwargs):
             agreement.check_same_on_every_worker(
                 strategy,
                 "the model, its compilation and its deployment",
-                agreement.describe(model),
+                description.describe(model),
+            )
+            agreement.check_same_rows(
+                strategy, arguments.get("x"), arguments.get("batch_size")
             )
             agreement.check_global_batch(
                 strategy, arguments.get("x"), arguments.get("batch_size")

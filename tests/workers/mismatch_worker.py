@@ -1,11 +1,13 @@
-"""A 2-worker run whose workers disagree twice, then forget the strategy;
-see tests/test_multi_worker.py.
+"""A 2-worker run whose workers disagree three times, then forget the
+strategy; see tests/test_multi_worker.py.
 
 `clones`: worker 1 has one clone instead of two. `activation`: worker 1's
 hidden layer has another activation (the same weight shapes, so nothing
-else would notice). `outside_scope`: both create the model outside
-`strategy.scope()`. Both workers must fail with keras_clones's error each
-time; they print it, and go on to the next case.
+else would notice). `rows`: worker 1 is given 16 rows fewer (a step
+fewer: its collectives would meet the other's next ones).
+`outside_scope`: both create the model outside `strategy.scope()`. Both
+workers must fail with keras_clones's error each time; they print it, and
+go on to the next case.
 """
 
 import contextlib
@@ -33,13 +35,15 @@ def train(strategy, mode, odd):
             deployment=keras_clones.DeploymentConfig(devices=devices),
         )
         model.compile("sgd", "mse")
-    model.fit(*data(), batch_size=16, verbose=0)
+    x, y = data()
+    rows = len(x) - 16 if odd and mode == "rows" else len(x)
+    model.fit(x[:rows], y[:rows], batch_size=16, verbose=0)
 
 
 def main():
     odd = task_index() == 1
     strategy = multi_worker_strategy()
-    for mode in ("clones", "activation", "outside_scope"):
+    for mode in ("clones", "activation", "rows", "outside_scope"):
         try:
             train(strategy, mode, odd)
         except ValueError as e:

@@ -1,6 +1,7 @@
 """What `fit` does across JAX processes besides AGN's math, as a user's
 script meets it: the progress bar, agreed stops and steps, global
-evaluation, and what is refused. tests_jax/test_agn_across_processes.py
+evaluation, and what is refused (processes that disagree on the model
+included). tests_jax/test_agn_across_processes.py
 launches it on 2 processes; each writes `OUT/behaviours.PROCESS.json`.
 """
 
@@ -27,6 +28,35 @@ def compiled(optimizer=None, **options):
     optimizer = optimizer or AGNOptimizer(keras.optimizers.Adam(0.01), 4)
     model.compile(optimizer, "mse", **options)
     return model
+
+
+# What process 1 changes in `differing`: its hidden layer's activation or
+# width, the inner learning rate, the period; or, for a model built by
+# `fit` (a subclass), the features of its rows.
+DIFFERENCES = ("activation", "width", "learning_rate", "period", "features")
+
+
+def differing(difference, x):
+    """The MLP of `compiled` and rows `x` to fit, with `difference` (of
+    `DIFFERENCES`) on process 1."""
+    odd = PROCESS == 1
+    keras.utils.set_random_seed(PROCESS)
+    if difference == "features":
+        model = variants.mlp(PROCESS, lazy=True)
+        if odd:
+            x = np.concatenate([x, x[:, :1]], axis=1)
+    else:
+        hidden = keras.layers.Dense(
+            5 if odd and difference == "width" else 4,
+            activation="relu" if odd and difference == "activation" else "tanh",
+        )
+        model = keras.Sequential(
+            [keras.Input((5,)), hidden, keras.layers.Dense(2)]
+        )
+    rate = 0.02 if odd and difference == "learning_rate" else 0.01
+    period = 2 if odd and difference == "period" else 4
+    model.compile(AGNOptimizer(keras.optimizers.Adam(rate), period), "mse")
+    return model, x
 
 
 class StopOnOneProcess(keras.callbacks.Callback):
@@ -163,6 +193,13 @@ def main():
     keras.distribution.set_distribution(keras.distribution.DataParallel())
     found["distribution"] = error_of(lambda: model.fit(x, y, verbose=0))
     keras.distribution.set_distribution(None)
+    # Refused before any collective shaped by the model (a width or a
+    # period that differs would abort in gloo), and the processes go on.
+    for difference in DIFFERENCES:
+        model, rows = differing(difference, x)
+        found[difference] = error_of(
+            lambda: model.fit(rows, y, verbose=0, **fit)
+        )
     with open(f"{out}/behaviours.{PROCESS}.json", "w") as f:
         json.dump(found, f)
 
