@@ -72,6 +72,39 @@ def overlapped(period=2, **options):
     )
 
 
+def diloco(**options):
+    """The README's DiLoCo recipe (docs/agn.md), with `options`."""
+    return AGNOptimizer(
+        keras.optimizers.AdamW(1e-2),
+        communication_period=4,
+        outer_optimizer=keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),
+        commit="weight_change",
+        normalize=False,
+        **options,
+    )
+
+
+def test_in_one_process_overlapped_diloco_without_mixing_trains_as_diloco():
+    # Issue 62: a commit applied a period late under an outer Nesterov
+    # step of 0.7 and momentum 0.9 diverged. Each period now starts where
+    # the centers will be once its commit in flight arrives, were it this
+    # worker's own: in one process, where they will be. So with mixing 0
+    # the local weights follow DiLoCo's trajectory exactly, the centers a
+    # period behind, caught up at `fit`'s end.
+    x, y = linear_data(32, 3, 2, seed=1)
+    runs = []
+    for options in ({}, {"overlap": True, "mixing": 0.0}):
+        model = regression()
+        model.compile(diloco(**options), "mse")
+        history = model.fit(x, y, batch_size=4, epochs=3, verbose=0)
+        runs.append((history.history["loss"], model.get_weights()))
+    (loss, weights), (overlapped_loss, overlapped_weights) = runs
+    assert overlapped_loss[-1] < overlapped_loss[1]
+    np.testing.assert_allclose(overlapped_loss, loss, rtol=1e-5)
+    for got, expected in zip(overlapped_weights, weights, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_fit_ends_with_the_commit_in_flight_applied():
     # 6 steps of period 4: one commit, sent at step 4, applied by the end.
     model = regression()

@@ -90,6 +90,62 @@ def test_a_block_of_zeros_arrives_as_zeros():
     np.testing.assert_array_equal(ones, 1.0)
 
 
+# A block of exact halves of 0.3: its largest, 7 * 0.3, over 7 is 0.3.
+TIES = np.float32([7, 0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5]) * np.float32(0.3)
+
+
+def ties_and_random_blocks():
+    """`TIES` (padded to a block) and 16 blocks of random numbers, flat."""
+    rng = np.random.default_rng(5)
+    random = rng.normal(size=16 * agn.BLOCK).astype("float32")
+    return np.concatenate([TIES, np.zeros(agn.BLOCK - 8, "float32"), random])
+
+
+MODES = {
+    "eager": lambda f: f,
+    "graph": tf.function,
+    "xla": lambda f: tf.function(f, jit_compile=True),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_exact_halves_and_scales_come_out_as_by_hand_in_every_mode(mode):
+    largest = np.max(TIES)
+    assert largest / np.float32(7) == np.float32(0.3)
+    halves = [7, 0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5]
+    np.testing.assert_array_equal(TIES / np.float32(0.3), halves)
+    # Times 7 / largest (3.333333 in float32), 3.5 and 5.5 stay exact
+    # halves and go to even; the others land under their half.
+    products = TIES * (np.float32(7) / largest)
+    np.testing.assert_array_equal(products[[0, 4, 6]], [7, 3.5, 5.5])
+    assert np.all(
+        products[[1, 2, 3, 5, 7]] < np.float32(halves)[[1, 2, 3, 5, 7]]
+    )
+    values = ties_and_random_blocks()
+
+    def encoded(flat):
+        integers, scales = quantization.encode([flat], "int4")
+        return integers, quantization.decoded(integers, scales)
+
+    integers, arrived = MODES[mode](encoded)(tf.constant(values))
+    rounded = [7, 0, 1, 2, 4, 4, 6, 6]
+    np.testing.assert_array_equal(integers[0, :8], rounded)
+    # The scales too (largest * float32(1 / 7), not largest / 7), in every
+    # random block: what arrives is the reference's, bit for bit.
+    want = agn.quantized(values, "int4").astype("float32")
+    scale = largest * (np.float32(1) / np.float32(7))  # 0.30000004
+    np.testing.assert_array_equal(want[:8], np.float32(rounded) * scale)
+    np.testing.assert_array_equal(arrived, want)
+
+
+def test_a_block_too_small_for_its_reciprocal_arrives_finite():
+    # 127 / 2e-38 is over float32's largest: kept at it, 0 stays 0.
+    block = np.float32([2e-38, -1e-38, 0])
+    (arrived,) = quantization.round_trip([block], "int8")
+    assert np.all(np.isfinite(arrived))
+    assert np.asarray(arrived)[2] == 0
+
+
 def test_int8_and_int4_commits_are_a_quarter_and_an_eighth_of_float32():
     # The slow-link bench's MLP, 1.08 MB in float32.
     model = keras.Sequential(
@@ -251,7 +307,7 @@ def test_the_core_quantizes_a_sparse_commit_densely():
     (sent,), _ = core.with_feedback(config, [sparse], None)
     (arrived,) = quantization.round_trip([sent], "int8")
     dense = np.array([[0, 0], [1, -2], [0, 0]])
-    # 1 is 63.5 quanta of 2/127: it lands on 64 (ties to even).
+    # 1 times 127 / 2 is 63.5 exactly: it lands on 64 (a half, to even).
     want = agn.quantized(dense.ravel(), "int8").reshape(3, 2)
     assert want[1, 0] == np.float32(2 / 127) * 64
     np.testing.assert_array_equal(arrived, want)

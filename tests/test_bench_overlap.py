@@ -1,6 +1,7 @@
 """bench/overlap.py: its cost-model prediction with overlap is the formula
 by hand, its verdicts compute the issue's ratios, and its smoke run prints
-the tables."""
+the tables. bench/overlap_convergence.py: its verdicts apply issue 62's
+definition of converging, and its smoke run prints the table."""
 
 import json
 import pathlib
@@ -15,6 +16,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import launching  # noqa: E402
 import netns  # noqa: E402
 import overlap  # noqa: E402
+import overlap_convergence  # noqa: E402
 
 cost_model = launching.package_module("cost_model")
 
@@ -85,3 +87,48 @@ def test_bench_overlap_quick_prints_the_tables(tmp_path, run_bench_quick):
     data = json.loads((tmp_path / "overlap.json").read_text())
     assert len(data["runs"]) == 1 + len(overlap.VARIANTS)
     assert (tmp_path / "overlap_accuracy.png").stat().st_size > 0
+
+
+def convergence_run(variant, seed, accuracy, loss):
+    return {
+        "variant": variant,
+        "seed": seed,
+        "accuracy": accuracy,
+        "loss": loss,
+    }
+
+
+def test_converging_is_within_0_02_of_the_accuracy_with_the_loss_not_rising():
+    names = list(overlap_convergence.VARIANTS)
+    without, default, mixing_0 = names
+    falling, rising = [2.0, 1.0, 0.5], [2.0, 1.0, 1.2]
+    records = [
+        convergence_run(without, 0, 0.96, falling),
+        convergence_run(without, 1, 0.94, falling),
+        # 0.93 on average: 0.02 below, converging.
+        convergence_run(default, 0, 0.92, falling),
+        convergence_run(default, 1, 0.94, [2.0, 1.0, 1.0]),
+        # Above the accuracy without overlap, but one seed's loss rose.
+        convergence_run(mixing_0, 0, 0.99, falling),
+        convergence_run(mixing_0, 1, 0.99, rising),
+    ]
+    verdicts = overlap_convergence.verdicts(records)
+    assert verdicts[default]["gap"] == pytest.approx(0.02)
+    assert verdicts[default]["rise"] == 0.0
+    assert verdicts[default]["converges"]
+    assert verdicts[mixing_0]["rise"] == pytest.approx(0.2)
+    assert not verdicts[mixing_0]["converges"]
+    records[2] = convergence_run(default, 0, 0.9199, falling)
+    assert not overlap_convergence.verdicts(records)[default]["converges"]
+
+
+@pytest.mark.slow_bench
+def test_bench_overlap_convergence_quick_prints_the_table(
+    tmp_path, run_bench_quick
+):
+    out = run_bench_quick("overlap_convergence", 900, "--out", tmp_path)
+    for setting in overlap_convergence.SETTINGS:
+        for name in overlap_convergence.VARIANTS:
+            assert re.search(rf"\| {setting} \| {re.escape(name)} \|", out)
+    data = json.loads((tmp_path / "overlap_convergence.json").read_text())
+    assert set(data["records"]) == set(overlap_convergence.SETTINGS)

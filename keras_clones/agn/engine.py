@@ -13,7 +13,9 @@ fragment's period ends, `end_period(fragment, delay)` ends it:
 - delay 1 (`overlap=True`, Streaming DiLoCo's overlap): the commit of the
   previous period, reduced, moves the centers; this period's commit is
   held in flight (sent, not yet reduced); the local weights become
-  `mixing * local + (1 - mixing) * centers`. In a step the commit is
+  `mixing * local + (1 - mixing) * ahead`, `ahead` where the centers will
+  be once the commit in flight arrives, were it this worker's own (an
+  eager update: `_look_ahead`). In a step the commit is
   reduced at once; a train function whose executions end where the
   periods end (across workers) reduces it at the start of the next
   execution, beside its local steps (`commits_around_execution`);
@@ -391,7 +393,8 @@ class PeriodEngine:
 
     def _hold_in_flight(self, fragment, hooks):
         """Applies the commit received, holds this period's in flight (sent,
-        not yet reduced), and mixes the local weights with the centers."""
+        not yet reduced), and mixes the local weights with where the
+        centers will be once it arrives (`_look_ahead`)."""
         replicas = self.replicas
         self._receive(fragment)  # One sent is never lost.
         received = keras.ops.equal(fragment.phase, RECEIVED)
@@ -407,7 +410,7 @@ class PeriodEngine:
                 lambda: fragment.gather("variable")
             )
             fragment.assign(replicas, "period_start", local)
-        replicas.run_if(received, lambda: self._mix(fragment))
+        self._mix(fragment, self._look_ahead(fragment))
         fragment.phase.assign(SENT)
 
     def _receive(self, fragment):
@@ -429,6 +432,38 @@ class PeriodEngine:
         received = fragment.gather("in_flight", read=self.replicas.read_own)
         self._move_centers(fragment, received, hooks)
 
+    def _move_ahead(self, fragment):
+        """In a replica: the fragment's centers moved by this worker's
+        commit in flight as the reduced one would be were every worker's
+        the same: across workers its own (times the workers where Keras
+        divided its gradients by them), in one process its replicas'
+        reduced in full precision (the same on every replica)."""
+        replicas = self.replicas
+        own = fragment.gather("in_flight", read=replicas.read_own)
+        reduce_op = self.config.reduce_op(replicas.gradients_divided)
+        if not replicas.steps_apart:
+            own = replicas.all_reduce(reduce_op, own)
+        elif reduce_op == "sum":
+            own = [o * keras.ops.cast(replicas.count, o.dtype) for o in own]
+        self._move_centers(fragment, own, None)
+
+    def _look_ahead(self, fragment):
+        """Cross-replica, once this worker's commit is in flight: per
+        replica, where the fragment's centers will be once the commit in
+        flight arrives, were it this worker's own (the outer optimizer's
+        step on it, taken on the centers and its state, then undone).
+        With one worker that is where they will be."""
+        replicas = self.replicas
+        outer = fragment.outer_variables()
+        centers = replicas.for_each_replica(lambda: fragment.gather("center"))
+        state = [gradients.read(v) for v in outer]
+        replicas.for_each_replica(self._move_ahead, fragment)
+        ahead = replicas.for_each_replica(lambda: fragment.gather("center"))
+        fragment.assign(replicas, "center", centers)
+        for variable, value in zip(outer, state):
+            replicas.assign(variable, value)
+        return ahead
+
     def _send(self, fragment, hooks):
         """In a replica: this worker's commit of the fragment's period, into
         its slots."""
@@ -439,18 +474,18 @@ class PeriodEngine:
         fragment.assign_here("in_flight", values)
         self._keep(fragment, state._replace(residuals=residuals))
 
-    def _mix(self, fragment):
+    def _mix(self, fragment, towards):
         """The fragment's local weights become `mixing * local + (1 -
-        mixing) * center` (then constrained); its period's start moves
-        with them, so that its commit is only what its local steps did."""
+        mixing) * towards` (per replica: the look-ahead, or the centers;
+        then constrained); its period's start moves with them, so that its
+        commit is only what its local steps did."""
         replicas = self.replicas
 
-        def mix_on_replica():
+        def mix_on_replica(towards):
             local = fragment.gather("variable")
-            center = fragment.gather("center")
-            return local, core.mixed(self.config, local, center)
+            return local, core.mixed(self.config, local, towards)
 
-        before, mixed = replicas.for_each_replica(mix_on_replica)
+        before, mixed = replicas.for_each_replica(mix_on_replica, towards)
         fragment.assign(replicas, "variable", mixed)
         self._constrain(fragment)
         if self.config.commit == "weight_change":
@@ -537,7 +572,10 @@ class PeriodEngine:
 
     def _apply_received(self, fragment, hooks):
         self.replicas.for_each_replica(self._move_received, fragment, hooks)
-        self._mix(fragment)
+        centers = self.replicas.for_each_replica(
+            lambda: fragment.gather("center")
+        )
+        self._mix(fragment, centers)
 
     # Outside a step.
 

@@ -191,6 +191,12 @@ class Fragment:
             written.append(self.phase)
         return written
 
+    def outer_variables(self):
+        """The variables of the fragment's outer optimizer's state (a Keras
+        optimizer's for whole variables, and its own)."""
+        own = list(self.outer.variables) if self.whole else []
+        return own + self.outer_state
+
     def size(self):
         """The number of weights in the fragment's commit."""
         if self.whole:

@@ -83,14 +83,18 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
             at the end of the next period, so that across workers its
             all-reduce travels while the next period's local steps compute
             (Streaming DiLoCo's overlap). The local weights then become
-            `mixing * local + (1 - mixing) * centers`. Needs a period of 2
+            `mixing * local + (1 - mixing) * ahead`, `ahead` where the
+            centers will be once the commit arrives, were it this worker's
+            own (an eager update; in one process, where they will be).
+            Needs a period of 2
             or more; across workers, `steps_per_execution` equal to the
             period. The commit in flight is applied at the end of `fit`,
             before a `CloneModel` evaluates and by `assign_global_centers()`
             (saves keep it in flight). See docs/agn.md#overlapped-commits.
-        mixing: With `overlap=True`, the weight of the local weights when
-            a commit arrives, in [0, 1]; by default 0.5 (0 takes the
-            centers). Only with `overlap=True`.
+        mixing: With `overlap=True`, the weight of the local weights at
+            each period's end, in [0, 1]; by default 0.5 (0 takes
+            `ahead`: in one process, DiLoCo's trajectory without overlap).
+            Only with `overlap=True`.
         fragments: The number of fragments the weights are cut into, of
             similar bytes (inside variables where needed), each committing
             at its own step of the period, fragment f at local step
@@ -332,7 +336,7 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
                 "`model.load_weights(path)` (a model that compiles itself "
                 "in `__init__`, as keras-hub's tasks do, comes back from "
                 "`keras.saving.load_model` with its own optimizer: see "
-                "docs/keras_hub.md).",
+                "docs/surviving_a_crash.md#saved-models-are-not-backups).",
                 stacklevel=2,
             )
             return

@@ -4,8 +4,16 @@ values.
 A commit (a fragment's, flattened: its tensors' elements in order) is cut
 into blocks of `BLOCK` elements, the last one shorter; each block travels
 as integers in [-q, q] (q = 127 for `"int8"`, 7 for `"int4"`, two packed
-per byte) and one float32 scale, its largest magnitude over q. Rounding is
-to nearest (ties to even), so that a run is deterministic.
+per byte) and one float32 scale. In float32, for a block whose largest
+magnitude is m, a number x travels as round(x * (q / m)) (the product
+rounded to nearest, an exact half to even, then clipped to [-q, q]), the
+scale is m * (1 / q) (1 / q rounded to float32 first), and what arrives is
+the integer times the scale. Both are written as multiplies because XLA
+and TensorFlow's graphs turn a division by a number they can hoist (x / s,
+m / q) into a multiply by its reciprocal, one ulp off: x / (m / q) rounded
+an exact half of a quantum (3.5) to 3 there and to 4 in eager mode. Every
+backend and mode, and NumPy (tests/reference/agn.py), compute these forms
+alike, bit for bit: a run is deterministic, and the same everywhere.
 
 `BLOCK` = 128: a float32 scale per 128 elements adds 1/32 of a byte per
 element, so that a commit's bytes are 0.258 (int8) and 0.133 (int4) of
@@ -24,6 +32,7 @@ import keras
 from keras_clones.commit_bytes import BLOCK
 
 LEVELS = {"int8": 127, "int4": 7}  # The largest integer each sends.
+FLOAT32_MAX = 3.4028234663852886e38  # float32's largest number.
 
 
 def quantizes(communication_dtype):
@@ -51,10 +60,13 @@ def encode_blocks(blocks, communication_dtype):
     quantizes again."""
     ops = keras.ops
     levels = LEVELS[communication_dtype]
-    scales = ops.max(ops.abs(blocks), axis=1, keepdims=True) / levels
-    safe = ops.where(scales > 0, scales, ops.ones_like(scales))
-    integers = ops.clip(ops.round(blocks / safe), -levels, levels)
-    return integers, scales
+    largest = ops.max(ops.abs(blocks), axis=1, keepdims=True)
+    safe = ops.where(largest > 0, largest, ops.ones_like(largest))
+    # Kept finite where largest is under q / (float32's largest), so that
+    # 0 stays 0 (0 * inf would be nan).
+    per_unit = ops.minimum(levels / safe, FLOAT32_MAX)
+    integers = ops.clip(ops.round(blocks * per_unit), -levels, levels)
+    return integers, largest * (1 / levels)
 
 
 def decoded(integers, scales):

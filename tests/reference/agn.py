@@ -14,10 +14,12 @@ workers (summed in 16 bits with `communication_dtype` "bfloat16" or
 optimizer, and the workers' parts take the centers. In "int8" or "int4"
 each worker's part arrives quantized (`quantized`), with error feedback
 its last residual added first. With `overlap`, a commit moves the
-centers a period late, at the fragment's next commit, and each worker's
-part then mixes with them (`mixing` of its own); the end of training
-applies the commits in flight. Plain AGN is one fragment without
-overlap.
+centers a period late, at the fragment's next commit; each worker's part
+then mixes (`mixing` of its own) with where the centers will be once the
+commit in flight arrives, were it the worker's own (its outer step, by a
+copy of the outer optimizer); the end of training applies the commits in
+flight and mixes the parts with the centers. Plain AGN is one fragment
+without overlap.
 """
 
 import copy
@@ -61,17 +63,22 @@ BLOCK = 128  # Numbers per float32 scale.
 
 def quantized(value, dtype):
     """A flat commit as it arrives in `dtype` ("int8" or "int4"): per block
-    of `BLOCK` numbers, in float32, a scale (the largest magnitude over the
-    largest integer), the numbers over it rounded to nearest (ties to
-    even) and clipped, times the scale; as float64."""
+    of `BLOCK` numbers, in float32, with m its largest magnitude and q the
+    largest integer, each number times q / m rounded to nearest (an exact
+    half to even) and clipped to [-q, q], times the scale m * (1 / q); as
+    float64. Multiplies, as the library writes them: a division by the
+    scale (or by q) is not what XLA computes, and a half lands apart."""
     value = np.asarray(value, "float32")
     levels = np.float32(QUANTIZED[dtype])
     arrived = np.zeros_like(value)
     for first in range(0, value.size, BLOCK):
         block = value[first : first + BLOCK]
-        scale = np.max(np.abs(block)) / levels
-        if scale > 0:
-            integers = np.clip(np.round(block / scale), -levels, levels)
+        largest = np.max(np.abs(block))
+        if largest > 0:
+            with np.errstate(over="ignore"):  # Kept finite, as the library.
+                per_unit = min(levels / largest, np.finfo("float32").max)
+            integers = np.clip(np.round(block * per_unit), -levels, levels)
+            scale = largest * (np.float32(1) / levels)
             arrived[first : first + BLOCK] = integers * scale
     return arrived.astype("float64")
 
@@ -219,9 +226,11 @@ def agn(
                 sent = [b[part] - w[part] for b, w in zip(begun, local)]
             if normalize:
                 sent = [s / period for s in sent]
+            own = sent  # Each worker's commit as it leaves (with overlap).
             if communication_dtype in QUANTIZED:
                 if error_feedback:
                     sent = [s + r[part] for s, r in zip(sent, residual)]
+                own = sent
                 arrived = [quantized(s, communication_dtype) for s in sent]
                 if error_feedback:
                     for r, s, a in zip(residual, sent, arrived):
@@ -243,9 +252,13 @@ def agn(
                 elif reads is not None and call < len(reads):
                     local[0] = after[reads[call]].copy()
                     own_outer = copy.deepcopy(outer_after[reads[call]])
-            elif in_flight[f] is not None:
-                apply(f, in_flight[f], mixing)
-            if overlap:
+            else:
+                if in_flight[f] is not None:
+                    center[part] = outers[f].step(center[part], in_flight[f])
+                for w, s in zip(local, own):  # Where the centers will be,
+                    # were the commit in flight this worker's own.
+                    ahead = copy.deepcopy(outers[f]).step(center[part], s)
+                    w[part] = mixing * w[part] + (1 - mixing) * ahead
                 in_flight[f] = mean
             for b, w in zip(begun, local):
                 b[part] = w[part]
