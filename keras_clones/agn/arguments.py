@@ -301,8 +301,8 @@ def check_overlap(overlap, mixing, communication_period):
     if not overlap:
         if mixing is not None:
             raise ValueError(
-                "`mixing` is the weight of the local weights when an "
-                "overlapped commit arrives, and is only used with "
+                "`mixing` is the weight of the local weights at each "
+                "overlapped period's end, and is only used with "
                 f"`overlap=True`. Received: mixing={mixing!r} with "
                 "overlap=False. Pass `overlap=True`, or leave `mixing` out."
             )
@@ -322,9 +322,10 @@ def check_overlap(overlap, mixing, communication_period):
         or not 0 <= mixing <= 1
     ):
         raise ValueError(
-            "`mixing` must be a number in [0, 1]: the local weights become "
-            "`mixing * local + (1 - mixing) * global` when an overlapped "
-            "commit arrives (0 takes the global weights). Received: "
+            "`mixing` must be a number in [0, 1]: at each overlapped "
+            "period's end the local weights become `mixing * local + (1 - "
+            "mixing) * ahead`, `ahead` where the centers will be once the "
+            "commit arrives (0 takes `ahead`). Received: "
             f"mixing={mixing!r}."
         )
     return float(mixing)
