@@ -11,21 +11,14 @@ BATCH, BATCHES = 8, 12
 
 
 def digits_like_data():
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=(BATCH * BATCHES, 5)).astype("float32")
-    y = np.tanh(x @ rng.normal(size=(5, 2))).astype("float32")
-    return x, y
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(BATCH * BATCHES, 3)).astype("float32")
+    return x, x @ rng.normal(size=(3, 2)).astype("float32")
 
 
 def mlp():
-    keras.utils.set_random_seed(4)
-    return keras.Sequential(
-        [
-            keras.Input((5,)),
-            keras.layers.Dense(4, activation="tanh"),
-            keras.layers.Dense(2),
-        ]
-    )
+    keras.utils.set_random_seed(6)
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
 
 
 def agn_adam(period):
