@@ -15,7 +15,7 @@ JAX_STAMP := $(JAX_VENV)/.installed
 JAX_BENCH_VENV := .venv-jax-bench
 JAX_BENCH_STAMP := $(JAX_BENCH_VENV)/.installed
 
-.PHONY: setup demo test test-fast test-jax bench-agn-jax bench-jax-processes test-bench format bench bench-faults bench-agn bench-agn-rounds bench-ps-diloco bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap bench-overlap-convergence bench-wan-jax clean conformance
+.PHONY: setup demo test test-fast test-jax bench-agn-jax bench-jax-processes test-bench format bench bench-faults bench-agn bench-agn-rounds bench-ps-diloco bench-callbacks bench-multiworker bench-ps bench-agn-paper bench-wan bench-overlap bench-overlap-convergence bench-goodput bench-wan-jax clean conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,7 +66,7 @@ test-fast: setup
 	$(PYTEST) $(PARALLEL) -m "not cluster and not alone"
 
 # The benchmarks' slow --quick smoke runs, left out of `make test`.
-test-bench: setup
+test-bench: setup $(JAX_STAMP)
 	$(BIN)/python -m pytest --slow-bench -m slow_bench
 
 format: setup
@@ -121,6 +121,11 @@ bench-overlap: setup
 
 bench-callbacks: setup
 	$(BIN)/python bench/callbacks.py
+
+# Goodput: a job uninterrupted against worker 1 killed every 2 minutes,
+# side by side, TensorFlow and JAX. About 80 minutes (30-minute jobs).
+bench-goodput: setup $(JAX_STAMP)
+	$(BIN)/python bench/goodput.py $(BENCH_ARGS)
 
 # About 15 minutes: 2 workers killed and restarted, round robin.
 bench-faults: setup

@@ -69,38 +69,58 @@ def worker(argv):
         optimizer = diloco(keras, keras_clones, 3e-3, run.period)
         model.compile(optimizer, "sparse_categorical_crossentropy")
 
-    class Marks(keras.callbacks.Callback):
-        first = True
-
-        def on_train_begin(self, logs=None):
-            say("restored", int(self.model.optimizer.iterations.numpy()))
-
-        def on_train_batch_begin(self, batch, logs=None):
-            step = int(self.model.optimizer.iterations.numpy())
-            mark = os.path.join(run.out, f"killed_{step}")
-            if (
-                index == 1
-                and step in run.kill_steps
-                and not os.path.exists(mark)
-            ):
-                open(mark, "w").close()
-                say("kill", step)
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        def on_train_batch_end(self, batch, logs=None):
-            if self.first:
-                say("first_step", int(self.model.optimizer.iterations.numpy()))
-                self.first = False
+    def kill(step):
+        return (
+            index == 1
+            and step in run.kill_steps
+            and once(os.path.join(run.out, f"killed_{step}"))
+        )
 
     backup = keras.callbacks.BackupAndRestore(os.path.join(run.out, "backup"))
     say("fit")
     model.fit(
-        dataset, epochs=run.epochs, verbose=0, callbacks=[backup, Marks()]
+        dataset,
+        epochs=run.epochs,
+        verbose=0,
+        callbacks=[backup, marks(keras, kill)],
     )
     if run.period:
         optimizer.assign_global_centers()
     predictions = model.predict(x_test, verbose=0).argmax(axis=1)
     say("accuracy", float((predictions == y_test).mean()))
+
+
+def marks(keras, kill):
+    """The callback that says where `fit` starts (`restored`, the step it
+    resumes at) and when its first step is done (`first_step`), and
+    SIGKILLs this process, saying `kill`, at a step's start where
+    `kill(step)`. Batch-begin hooks only, so that Keras keeps its
+    batch-end hooks off the main thread; one step per execution."""
+
+    class Marks(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.restored = int(self.model.optimizer.iterations.numpy())
+            self.step = self.restored
+            say("restored", self.restored)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.step == self.restored + 1:
+                say("first_step", self.step)
+            if kill(self.step):
+                say("kill", self.step)
+                os.kill(os.getpid(), signal.SIGKILL)
+            self.step += 1
+
+    return Marks()
+
+
+def once(path):
+    """Whether `path` did not exist; it does now (a kill that a restarted
+    worker must not repeat)."""
+    if os.path.exists(path):
+        return False
+    open(path, "w").close()
+    return True
 
 
 def diloco(keras, keras_clones, learning_rate, period):
@@ -130,27 +150,41 @@ def kill_steps(epochs, kills):
 def run(period, epochs, kills):
     """One launch; returns its wall time, accuracy and recoveries."""
     with tempfile.TemporaryDirectory() as out:
-        # This --grace-period overrides run_launch's.
-        arguments = ["--grace-period", "0", "--max-restarts", str(kills)]
-        arguments += launching.worker_arguments(
+        arguments = launching.worker_arguments(
             os.path.abspath(__file__),
             out=out,
             period=period,
             epochs=epochs,
             kill_steps=kill_steps(epochs, kills),
         )
-        lines = []
-        start = time.time()
-        code, _ = launching.run_launch(
-            2,
-            arguments,
-            1800,
-            on_line=lambda line: lines.append((time.time(), line)),
-        )
-        wall = time.time() - start
+        code, wall, lines = timed_launch(arguments, kills)
     if code:
         sys.exit("\n".join(line for _, line in lines[-40:]))
     return wall, *parse(lines)
+
+
+def timed_launch(script, restarts, timeout=1800, env=None, python=None):
+    """Launches 2 workers running `script` (a script and its arguments), each
+    failure followed by a restart, at most `restarts` times.
+
+    Returns:
+        The exit status, the wall time, and the lines of output, each as
+        `(when it arrived, line)`.
+    """
+    # This --grace-period overrides run_launch's.
+    arguments = ["--grace-period", "0", "--max-restarts", str(restarts)]
+    arguments += script
+    lines = []
+    start = time.time()
+    code, _ = launching.run_launch(
+        2,
+        arguments,
+        timeout,
+        env=env,
+        on_line=lambda line: lines.append((time.time(), line)),
+        python=python,
+    )
+    return code, time.time() - start, lines
 
 
 def parse(lines):
@@ -221,14 +255,8 @@ def measure(args):
 
 def report(results, args):
     print("\nOne recovery, in parts (seconds; median / max over all kills):")
-    rows = []
-    for part, values in results["parts"].items():
-        rows.append([part, f"{statistics.median(values):.2f}"])
-        rows[-1].append(f"{max(values):.2f}")
-    cost = sum(statistics.median(v) for v in results["parts"].values())
-    rows.append(["death to training again, with the work lost", f"{cost:.2f}"])
-    rows[-1].append("")
-    print(harness.table(["part", "median", "max"], rows, align="lll"))
+    text, cost = parts_table(results["parts"])
+    print(text)
     # Each failure costs `cost` of training time: over an interval T of
     # training between failures, goodput is T / (T + cost).
     print("Goodput from the parts, T / (T + recovery), by failure interval T:")
@@ -243,6 +271,20 @@ def report(results, args):
             size=(6, 4),
             dpi=120,
         )
+
+
+def parts_table(parts):
+    """The table of a recovery's parts (`parts`: per part, its seconds in
+    each recovery), median and max, and the sum of the medians: a
+    recovery's cost, the work lost included."""
+    rows = []
+    for part, values in parts.items():
+        rows.append([part, f"{statistics.median(values):.2f}"])
+        rows[-1].append(f"{max(values):.2f}")
+    cost = sum(statistics.median(v) for v in parts.values())
+    rows.append(["death to training again, with the work lost", f"{cost:.2f}"])
+    rows[-1].append("")
+    return harness.table(["part", "median", "max"], rows, align="lll"), cost
 
 
 def draw(ax, measured, cost):

@@ -38,6 +38,14 @@ def positive_int(text):
     return value
 
 
+def positive_float(text):
+    """An argparse type: a number > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def multiple_of(period):
     """An argparse type: a positive multiple of `period`."""
     return _positive_where(lambda v: v % period == 0, f"a multiple of {period}")

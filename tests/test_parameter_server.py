@@ -201,11 +201,11 @@ def test_two_in_flight_on_one_worker_apply_each_step_to_the_weights_it_read(
 ):
     # Each step's gradients were taken at the weights after the updates it
     # read (its position: step less its staleness, from the logs), as a
-    # plain model replays them by hand. The coordinator waits 0.2 s before
-    # applying each step, in which the worker reads for its next (so that
-    # no read overlaps an update being applied): each epoch's first step
-    # is fresh (the last epoch ended applied), the others 1 update stale,
-    # and the replay on fresh reads differs.
+    # plain model replays them by hand. The coordinator applies each step
+    # once the worker has computed its next (so that no read overlaps an
+    # update being applied): each epoch's first step is fresh (the last
+    # epoch ended applied), the others 1 update stale, and the replay on
+    # fresh reads differs.
     result = scenario("in_flight")[case]
     assert result["weights"] < 1e-5
     assert result["staleness"] == [0, 1, 1, 1, 1, 1] * 2

@@ -8,7 +8,7 @@ import tensorflow as tf
 from ps_common import BATCH
 from ps_common import EPOCHS
 from ps_common import STEPS
-from ps_common import SlowToApply
+from ps_common import AppliedAfterTheNextRead
 from ps_common import StalenessOfEachStep
 from ps_common import batch_normalized
 from ps_common import compare
@@ -50,7 +50,7 @@ def in_flight_stopped(strategy):
         model = functional(keras_clones.CloneModel)
         model.compile(keras.optimizers.SGD(0.05), "mse")
     counts = []
-    for callbacks in ([SlowToApply(), AfterBatch(2, "stop")], []):
+    for callbacks in ([AppliedAfterTheNextRead(), AfterBatch(2, "stop")], []):
         model.fit(
             dataset(),
             epochs=EPOCHS,
@@ -77,7 +77,11 @@ def in_flight_raised(strategy, optimizer, by_hand):
             dataset(),
             epochs=EPOCHS,
             steps_per_epoch=STEPS,
-            callbacks=[SlowToApply(), staleness, AfterBatch(2, "raise")],
+            callbacks=[
+                AppliedAfterTheNextRead(),
+                staleness,
+                AfterBatch(2, "raise"),
+            ],
             verbose=0,
             in_flight_per_worker=2,
         )
@@ -156,9 +160,10 @@ def in_flight_agn(strategy):
 
 
 def in_flight(strategy):
-    """2 in flight on 1 worker, a coordinator slow to apply: each step's
-    (period's) read position, from its staleness, and SGD, Adam, SGD with
-    InfNanCheck and a nan batch, and AGN replayed by hand on those reads."""
+    """2 in flight on 1 worker, each step applied after the next one read:
+    each step's (period's) read position, from its staleness, and SGD,
+    Adam, SGD with InfNanCheck and a nan batch, and AGN replayed by hand on
+    those reads."""
     optimizers = {  # name: (Keras's, by hand)
         "sgd": (lambda: keras.optimizers.SGD(0.05), lambda: hand.SGD(0.05)),
         "adam": (lambda: keras.optimizers.Adam(0.01), lambda: hand.Adam(0.01)),
@@ -281,7 +286,7 @@ def steps_per_execution(strategy):
     adam = (lambda: keras.optimizers.Adam(0.01), lambda: hand.Adam(0.01))
     cases = {  # name: ((Keras's, by hand), in flight, batches, callbacks)
         "adam": (adam, 1, dataset(), []),
-        "adam_two_in_flight": (adam, 2, dataset(), [SlowToApply()]),
+        "adam_two_in_flight": (adam, 2, dataset(), [AppliedAfterTheNextRead()]),
     }
     # Logs, validation, evaluation and a saved model, against Keras's own
     # `fit` in one process at the same K.

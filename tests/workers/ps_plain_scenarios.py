@@ -11,7 +11,7 @@ from helpers import InterruptAtEpoch
 from ps_common import BATCH
 from ps_common import EPOCHS
 from ps_common import STEPS
-from ps_common import SlowToApply
+from ps_common import AppliedAfterTheNextRead
 from ps_common import compare
 from ps_common import data
 from ps_common import dataset
@@ -117,7 +117,10 @@ def two_workers(strategy):
         # AGN's epoch is 2 results, one a worker: without a wait before
         # each is applied, a worker that takes up its period late reads
         # after the other's commit landed, and no result is stale.
-        callbacks = {"sgd_in_flight_2": [step_by_step], "agn": [SlowToApply()]}
+        callbacks = {
+            "sgd_in_flight_2": [step_by_step],
+            "agn": [AppliedAfterTheNextRead()],
+        }
         history = model.fit(
             dataset(),
             epochs=EPOCHS,
