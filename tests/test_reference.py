@@ -147,15 +147,20 @@ def test_fragments_commit_at_their_own_steps_with_their_own_optimizer():
     assert agn.ends_at(1, 2, 2) == [0] and agn.ends_at(2, 2, 2) == [1]
 
 
-def test_overlap_moves_the_centers_a_period_late_then_mixes():
-    # Period 1, gradient 1 each step, mixing 0.5. Step 1: local 0.9, commit
-    # 1 in flight. Step 2: local 0.8; center 1 - 0.1 = 0.9; local mixes to
-    # 0.85. The end applies the second commit: center 0.8, local 0.825.
-    run = agn.agn([1.0], given([[[1.0], [1.0]]]), 2, 1, sgd(0.1), overlap=True)
+def test_overlap_moves_the_centers_a_period_late_and_mixes_with_the_look_ahead():
+    # Period 1, gradient 1 each step, inner SGD(0.1), outer SGD(0.5),
+    # mixing 0.5. Step 1: local 0.9; commit 1 in flight; the look-ahead
+    # (the worker's own commit on the centers) 1 - 0.5 = 0.5; local mixes
+    # to 0.7, centers still 1. Step 2: local 0.6; the first commit lands:
+    # centers 0.5; look-ahead 0.5 - 0.5 = 0; local 0.3. The end applies
+    # the second commit: centers 0, local mixes to 0.15.
+    run = agn.agn(
+        [1.0], given([[[1.0], [1.0]]]), 2, 1, sgd(0.1), sgd(0.5), overlap=True
+    )
     (l1, c1), (l2, c2) = run.history
-    assert (l1[0][0], c1[0]) == pytest.approx((0.9, 1.0))
-    assert (l2[0][0], c2[0]) == pytest.approx((0.85, 0.9))
-    assert (run.local[0][0], run.center[0]) == pytest.approx((0.825, 0.8))
+    assert (l1[0][0], c1[0]) == pytest.approx((0.7, 1.0))
+    assert (l2[0][0], c2[0]) == pytest.approx((0.3, 0.5))
+    assert (run.local[0][0], run.center[0]) == pytest.approx((0.15, 0.0))
 
 
 def test_flat_and_unflat_are_inverse():
