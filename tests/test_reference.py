@@ -147,7 +147,7 @@ def test_fragments_commit_at_their_own_steps_with_their_own_optimizer():
     assert agn.ends_at(1, 2, 2) == [0] and agn.ends_at(2, 2, 2) == [1]
 
 
-def test_overlap_moves_the_centers_a_period_late_and_mixes_with_the_look_ahead():
+def test_overlap_moves_the_centers_a_period_late_mixing_with_the_look_ahead():
     # Period 1, gradient 1 each step, inner SGD(0.1), outer SGD(0.5),
     # mixing 0.5. Step 1: local 0.9; commit 1 in flight; the look-ahead
     # (the worker's own commit on the centers) 1 - 0.5 = 0.5; local mixes
