@@ -38,7 +38,7 @@ $(JAX_STAMP): pyproject.toml
 
 # Without TensorFlow's log lines (as the launcher prints a worker's).
 demo: setup
-	$(BIN)/python -m keras_clones.worker_output $(BIN)/python examples/train_digits.py
+	$(BIN)/python -m keras_clones.launcher.worker_output $(BIN)/python examples/train_digits.py
 
 # The timing-sensitive tests (marked alone) first, beside nothing; then
 # the rest on two pytest-xdist workers (CI has 2 cores), the tests that

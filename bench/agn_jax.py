@@ -43,8 +43,8 @@ VARIANTS = {"Adam": None} | {  # name: AGN's options (None: bare Adam).
     for suffix, options in (("", {}), (" bf16", BF16))
 }
 # Its period end asked in each step (a conditional), as before
-# `keras_clones.period_programs`: Keras's own train function, for a model
-# whose `train_step` is its own.
+# `keras_clones.jax_trainer.period_programs`: Keras's own train function,
+# for a model whose `train_step` is its own.
 IN_STEP = "AGN(10) weight_change, period end in the step"
 VARIANTS[IN_STEP] = {"commit": "weight_change", "in_step": True}
 # With --inf-nan: AGN(10) weight_change under InfNanCheck, whose "stop"

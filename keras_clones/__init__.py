@@ -15,7 +15,7 @@ start at once, under any backend.
 
 import sys
 
-from keras_clones.computed_step import ComputedStep
+from keras_clones.clone_model.computed_step import ComputedStep
 
 __version__ = "0.1.0"
 __all__ = [
@@ -40,23 +40,23 @@ def import_all():
     from keras_clones import step_hooks
     from keras_clones._tensorflow import ON_TENSORFLOW
     from keras_clones._tensorflow import needs_tensorflow
-    from keras_clones.agn import AGNOptimizer
+    from keras_clones.agn.optimizer import AGNOptimizer
 
     module.callbacks = callbacks
     module.step_hooks = step_hooks
     module.AGNOptimizer = AGNOptimizer
     if ON_TENSORFLOW:
-        from keras_clones.clone_model import CloneModel
-        from keras_clones.deployment import DeploymentConfig
+        from keras_clones.clone_model.deployment import DeploymentConfig
+        from keras_clones.clone_model.model import CloneModel
 
         module.CloneModel = CloneModel
         module.DeploymentConfig = DeploymentConfig
         return
-    from keras_clones import _keras_internals
     from keras_clones.jax_processes import exits
+    from keras_clones.jax_trainer import overrides
 
     # `fit` across JAX processes.
-    _keras_internals.install_jax_trainer_overrides()
+    overrides.install()
     # A failing or early-ending process ends every JAX process with it.
     exits.install()
 

@@ -14,7 +14,6 @@ and the test checks that Keras still defines and calls each of them.
 """
 
 import contextlib
-import functools
 import json
 import sys
 import threading
@@ -57,9 +56,7 @@ __all__ = [
     "jax_state",
     "keras_files",
     "set_jax_state",
-    "install_jax_trainer_overrides",
-    "JAX_MODEL_OVERRIDES",
-    "JAX_TRAINER_OVERRIDES",
+    "jax_trainer",
     "on_this_process",
     "own_variables",
     "scope_values",
@@ -89,53 +86,11 @@ if ON_TENSORFLOW:
     )
 
 
-# The methods of Keras's `JAXTrainer` (the class of every `keras.Model` on
-# JAX) and of `keras.Model` that keras_clones overrides on JAX: each stand-in
-# (`keras_clones.jax_processes.fitting`) acts only across JAX processes
-# with an `AGNOptimizer` (and `fit` and `train_on_batch` for an
-# `AGNOptimizer`'s first step, `keras_clones.first_step`), and calls
-# Keras's own method elsewhere.
-JAX_TRAINER_OVERRIDES = (
-    "fit",
-    "make_train_function",
-    "_get_metrics_result_or_logs",
-    "train_on_batch",
-    "jax_state_sync",
-)
-JAX_MODEL_OVERRIDES = ("save", "save_weights")
-
-
-def install_jax_trainer_overrides():
-    """Puts keras_clones's `fit` across JAX processes into Keras's
-    `JAXTrainer` and `keras.Model` (`JAX_TRAINER_OVERRIDES`,
-    `JAX_MODEL_OVERRIDES`), once, where Keras's models are JAX trainers;
-    each override calls Keras's own method where it does not act.
-    `JAXTrainer._keras_clones_overrides` keeps Keras's methods."""
+def jax_trainer():
+    """Keras's `JAXTrainer` (the class of every `keras.Model` on JAX), or
+    None where Keras's models are not JAX trainers."""
     trainer = sys.modules.get("keras.src.backend.jax.trainer")
-    if trainer is None:  # Keras's models are not JAX trainers.
-        return
-    jax_trainer = trainer.JAXTrainer
-    if getattr(jax_trainer, "_keras_clones_overrides", None):
-        return
-    from keras_clones.jax_processes import fitting
-
-    def override(stand_in, keras_method):
-        @functools.wraps(keras_method)
-        def method(self, *args, **kwargs):
-            return stand_in(keras_method, self, *args, **kwargs)
-
-        return method
-
-    keras_methods = {}
-    for cls, names in (
-        (jax_trainer, JAX_TRAINER_OVERRIDES),
-        (keras.Model, JAX_MODEL_OVERRIDES),
-    ):
-        for name in names:
-            keras_methods[name] = getattr(cls, name)
-            stand_in = fitting.STAND_INS[name]
-            setattr(cls, name, override(stand_in, keras_methods[name]))
-    jax_trainer._keras_clones_overrides = keras_methods
+    return None if trainer is None else trainer.JAXTrainer
 
 
 # Models (Keras's `Trainer` and `Layer`).

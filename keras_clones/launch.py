@@ -23,9 +23,9 @@ import signal
 import sys
 
 from keras_clones.launcher.parameter_servers import launch_parameter_servers
+from keras_clones.launcher.task_environment import keras_backend
 from keras_clones.launcher.workers import check_min_workers
 from keras_clones.launcher.workers import run_workers
-from keras_clones.task_environment import keras_backend
 
 _EPILOG = """\
 Each worker runs `python SCRIPT ARGS` with a TF_CONFIG naming a cluster of

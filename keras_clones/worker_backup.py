@@ -31,10 +31,9 @@ import keras
 import numpy as np
 
 from keras_clones import _keras_internals as internals
-from keras_clones import optimizer_capabilities
 from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import tf
-from keras_clones.agn import AGNOptimizer
+from keras_clones.agn.optimizer import agn_of
 
 STATE_DIRECTORY = "keras_clones_workers"
 # The chief's mark, beside Keras's files, that the backup was made across
@@ -46,13 +45,6 @@ MARK = "keras_clones_workers.json"
 TRAINING = "keras_clones: training"
 TRAINING_AGAIN = f"{TRAINING} again"
 _NAME = re.compile(r"step_(\d+)\.worker_(\d+)_of_(\d+)\.npz$")
-
-
-def agn_optimizer(optimizer):
-    """The `AGNOptimizer` `optimizer` is or wraps (a `LossScaleOptimizer`),
-    or None."""
-    optimizer = optimizer_capabilities.unwrapped(optimizer)
-    return optimizer if isinstance(optimizer, AGNOptimizer) else None
 
 
 def check_plain(callback, who):
@@ -203,7 +195,7 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
 
     def _write_own(self, step):
         stamp = {"step": step, "epoch": self._epoch, "workers": self.workers}
-        agn = agn_optimizer(self.model.optimizer)
+        agn = agn_of(self.model.optimizer)
         if agn is not None:
             stamp.update(_rule(agn))
         arrays = {"stamp": np.array(json.dumps(stamp))}
@@ -275,7 +267,7 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         if metadata is None:
             return  # Nothing was backed up: training starts.
         step = int(self.model.optimizer.iterations.numpy())
-        agn = agn_optimizer(self.model.optimizer)
+        agn = agn_of(self.model.optimizer)
         # Every worker reads and checks its files, then they agree, so that
         # a worker whose files are broken does not leave the others waiting
         # in their first step.
@@ -378,7 +370,7 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         """Where the optimizer's variables were not loaded: the settings of
         this `AGNOptimizer` that differ from its stamp in the newest file,
         as a clause (empty where none differs or none is known)."""
-        agn = agn_optimizer(self.model.optimizer)
+        agn = agn_of(self.model.optimizer)
         saved = self._saved()
         if agn is None:
             return ""

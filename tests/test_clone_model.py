@@ -11,7 +11,7 @@ from helpers import two_tower
 import keras_clones
 from keras_clones import CloneModel
 from keras_clones import DeploymentConfig
-from keras_clones import clones as clone_steps
+from keras_clones.clone_model import clones as clone_steps
 
 THREE_CPUS = DeploymentConfig(devices=["/cpu:0", "/cpu:1", "/cpu:2"])
 TWO_CPUS = DeploymentConfig(devices=["/cpu:0", "/cpu:1"])

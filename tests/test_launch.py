@@ -24,7 +24,7 @@ from keras_clones.launch import main
 from keras_clones.launcher import parameter_servers
 from keras_clones.launcher import processes
 from keras_clones.launcher import workers
-from keras_clones.ports import free_ports
+from keras_clones.launcher.ports import free_ports
 
 
 def test_each_worker_gets_its_tf_config_and_the_script_args(tmp_path, capsys):
@@ -410,7 +410,7 @@ def test_import_keras_clones_then_keras_loads_saved_clone_models(
 
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == [
-        "keras_clones.clone_model",
+        "keras_clones.clone_model.model",
         "FunctionalCloneModel",
         "keras_clones.agn.optimizer",
     ]
@@ -478,7 +478,7 @@ def test_run_quietly_prints_a_commands_output_less_tensorflows_log_lines():
         [
             sys.executable,
             "-m",
-            "keras_clones.worker_output",
+            "keras_clones.launcher.worker_output",
             sys.executable,
             "-c",
             program,

@@ -6,9 +6,9 @@ import threading
 import pytest
 from launch_scripts import write_script
 
-from keras_clones import worker_output
 from keras_clones.launch import launch
 from keras_clones.launcher import processes
+from keras_clones.launcher import worker_output
 
 # The summary a failed launch ends with.
 

@@ -567,7 +567,7 @@ class SetWeightsAtFirstBatch(keras.callbacks.Callback):
 @pytest.mark.parametrize("how", ["before fit", "by a callback", "per batch"])
 def test_weights_set_after_build_are_trained_from_as_the_rule_by_hand(how):
     # `fit` and `train_on_batch` copy them into the centers before their
-    # first step (keras_clones/first_step.py), not in it.
+    # first step (keras_clones/jax_trainer/first_step.py), not in it.
     x, y = digits_like_data()
     model = mlp()
     model.compile(agn_adam(), "mse")

@@ -10,15 +10,17 @@ from keras.src.backend.jax.trainer import JAXTrainer
 
 import keras_clones  # noqa: F401  (Installs the overrides.)
 from keras_clones import _keras_internals as internals
+from keras_clones.jax_trainer import overrides
 
 
-def test_install_jax_trainer_overrides_replaces_keras_methods_it_calls_once():
-    internals.install_jax_trainer_overrides()  # A second time: no change.
-    keras_methods = JAXTrainer._keras_clones_overrides
+def test_the_overrides_replace_keras_methods_it_calls_once():
+    overrides.install()  # A second time: no change.
+    keras_methods = overrides.KERAS_METHODS
+    assert internals.jax_trainer() is JAXTrainer
     source = inspect.getsource(JAXTrainer)
     for cls, names in (
-        (JAXTrainer, internals.JAX_TRAINER_OVERRIDES),
-        (keras.Model, internals.JAX_MODEL_OVERRIDES),
+        (JAXTrainer, overrides.JAX_TRAINER_OVERRIDES),
+        (keras.Model, overrides.JAX_MODEL_OVERRIDES),
     ):
         for name in names:
             ours, theirs = getattr(cls, name), keras_methods[name]

@@ -1,4 +1,4 @@
-"""`keras_clones.period_programs`: under Keras's JAX trainer an
+"""`keras_clones.jax_trainer.period_programs`: under Keras's JAX trainer an
 `AGNOptimizer`'s period ends are programs of their own, chosen on the host,
 and train bit for bit as the period end asked in each step (a conditional:
 Keras's own train function, which a model of its own `train_step` runs)."""
@@ -14,7 +14,7 @@ import pytest
 
 from keras_clones import AGNOptimizer
 from keras_clones.callbacks import InfNanCheck
-from keras_clones.period_programs import ProgramsByPeriodEnd
+from keras_clones.jax_trainer.period_programs import ProgramsByPeriodEnd
 
 BATCH, BATCHES = 4, 10
 

@@ -11,6 +11,7 @@ import keras
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
+from keras_clones import optimizer_capabilities
 from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import tf
 from keras_clones.agn import arguments
@@ -425,3 +426,10 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
                     config[key], custom_objects=custom_objects
                 )
         return cls(**config)
+
+
+def agn_of(optimizer):
+    """The `AGNOptimizer` `optimizer` is or wraps (a `LossScaleOptimizer`),
+    or None."""
+    optimizer = optimizer_capabilities.unwrapped(optimizer)
+    return optimizer if isinstance(optimizer, AGNOptimizer) else None

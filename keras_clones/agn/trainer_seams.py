@@ -165,7 +165,8 @@ class AGNTrainerSeams:
         conditional, which a GPU pays every step as a copy of what its
         untaken branch passes through (every weight and center); Keras's
         JAX trainer, with keras_clones, runs a program traced in this
-        context for each answer instead (`keras_clones.period_programs`).
+        context for each answer instead
+        (`keras_clones.jax_trainer.period_programs`).
 
         Args:
             fragments: The indices of the fragments whose periods end (a

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from keras_clones import gradients
 from keras_clones import step_hooks
-from keras_clones.clone_model import CloneModel
+from keras_clones.clone_model.model import CloneModel
 
 
 class _StepRecorder:

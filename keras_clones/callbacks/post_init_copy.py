@@ -3,13 +3,7 @@
 import keras
 
 from keras_clones import gradients
-from keras_clones import optimizer_capabilities
-from keras_clones.agn import AGNOptimizer
-
-
-def _agn_optimizer(optimizer):
-    optimizer = optimizer_capabilities.unwrapped(optimizer)
-    return optimizer if isinstance(optimizer, AGNOptimizer) else None
+from keras_clones.agn.optimizer import agn_of
 
 
 @keras.saving.register_keras_serializable(package="keras_clones")
@@ -65,7 +59,7 @@ class PostInitCopy(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.copied = []
-        agn = _agn_optimizer(self.model.optimizer)
+        agn = agn_of(self.model.optimizer)
         if agn is not None:
             self._copy_model_into_centers(agn)
         if self.copied:

@@ -10,6 +10,7 @@ import tempfile
 import threading
 import time
 
+from keras_clones.launcher.ports import free_ports
 from keras_clones.launcher.processes import MAX_ERROR_LINE
 from keras_clones.launcher.processes import POLL_INTERVAL
 from keras_clones.launcher.processes import TERMINATE_TIMEOUT
@@ -17,10 +18,9 @@ from keras_clones.launcher.processes import failure
 from keras_clones.launcher.processes import log
 from keras_clones.launcher.processes import start
 from keras_clones.launcher.processes import stop
-from keras_clones.ports import free_ports
-from keras_clones.worker_output import ErrorLine
-from keras_clones.worker_output import LogFile
-from keras_clones.worker_output import read_lines
+from keras_clones.launcher.worker_output import ErrorLine
+from keras_clones.launcher.worker_output import LogFile
+from keras_clones.launcher.worker_output import read_lines
 
 
 def launch_parameter_servers(

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from keras_clones.task_environment import task_environment
+from keras_clones.launcher.task_environment import task_environment
 
 # How long stopped workers get to exit after SIGTERM before SIGKILL, and how
 # long their output is drained after they exit.

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 
+from keras_clones.launcher.ports import free_ports
 from keras_clones.launcher.processes import MAX_ERROR_LINE
 from keras_clones.launcher.processes import TERMINATE_TIMEOUT
 from keras_clones.launcher.processes import count
@@ -18,10 +19,9 @@ from keras_clones.launcher.processes import start
 from keras_clones.launcher.processes import stop
 from keras_clones.launcher.processes import summarize
 from keras_clones.launcher.processes import wait_for_workers
-from keras_clones.ports import free_ports
-from keras_clones.task_environment import keras_backend
-from keras_clones.worker_output import ErrorLine
-from keras_clones.worker_output import read_lines
+from keras_clones.launcher.task_environment import keras_backend
+from keras_clones.launcher.worker_output import ErrorLine
+from keras_clones.launcher.worker_output import read_lines
 
 # What the chief's `BackupAndRestore` prints at its first step, and after
 # a resume (`keras_clones.worker_backup.TRAINING`, `TRAINING_AGAIN`;

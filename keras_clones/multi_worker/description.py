@@ -1,6 +1,6 @@
 """What the workers must agree on, and where they differ, without a
 backend: TensorFlow's workers (`agreement`) and JAX's processes
-(`jax_processes.fitting`) compare it, each gathering the numbers its own
+(`jax_trainer.fitting`) compare it, each gathering the numbers its own
 way.
 
 A worker describes what it trains as JSON-able data (`describe`), and the

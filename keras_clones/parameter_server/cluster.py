@@ -4,7 +4,7 @@ import numbers
 
 import tensorflow as tf
 
-from keras_clones.ports import free_ports
+from keras_clones.launcher.ports import free_ports
 
 
 def is_parameter_server(strategy):

@@ -50,8 +50,8 @@ from keras.src.models.functional import Functional  # noqa: E402
 from keras.src.models.model import functional_init_arguments  # noqa: E402
 
 import keras_clones  # noqa: E402
-from keras_clones.clone_model import CloneModel  # noqa: E402
-from keras_clones.clone_model import FunctionalCloneModel  # noqa: E402
+from keras_clones.clone_model.model import CloneModel  # noqa: E402
+from keras_clones.clone_model.model import FunctionalCloneModel  # noqa: E402
 
 Model = keras.Model
 Sequential = keras.Sequential

@@ -20,7 +20,7 @@ each), the model's optimizer the `AGNOptimizer` itself (a
 `LossScaleOptimizer` around one leaves out the steps it skips, uncounted),
 a period longer than 1, and compiled steps with no `keras.distribution`.
 Elsewhere Keras's own train function runs, with the conditionals in the
-step. Across JAX processes `jax_processes.train_function` counts the
+step. Across JAX processes `jax_trainer.train_function` counts the
 local step here too (`LocalStepCount`).
 """
 

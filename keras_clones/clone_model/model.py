@@ -7,15 +7,15 @@ import keras
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
-from keras_clones import clone_reads
-from keras_clones import clones
-from keras_clones import counter_logs
-from keras_clones import modes
 from keras_clones import optimizer_capabilities
-from keras_clones import replication
 from keras_clones import step_hooks
+from keras_clones.clone_model import clone_reads
+from keras_clones.clone_model import clones
+from keras_clones.clone_model import counter_logs
+from keras_clones.clone_model import modes
+from keras_clones.clone_model import replication
+from keras_clones.clone_model.deployment import DeploymentConfig
 from keras_clones.conditional import run_if
-from keras_clones.deployment import DeploymentConfig
 from keras_clones.step_hooks import Step
 from keras_clones.step_hooks import StepHooks
 
@@ -206,7 +206,7 @@ class CloneModel(keras.Model):
     @property
     def _mode(self):
         """How this model trains here: one process, multi-worker or
-        parameter servers (`keras_clones.modes`)."""
+        parameter servers (`keras_clones.clone_model.modes`)."""
         return modes.of(self.distribute_strategy)
 
     def _prepare_copies(self):

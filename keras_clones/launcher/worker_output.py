@@ -4,9 +4,9 @@ and the error line that ended it (`ErrorLine`), with a hint where the error
 is a known one. `keras_clones.launch` uses them; standard library only, as
 the launcher.
 
-`python -m keras_clones.worker_output COMMAND...` runs a command with its
-output printed as the launcher prints a worker's, without a prefix (`make
-demo` runs the demo so), and exits with its exit code.
+`python -m keras_clones.launcher.worker_output COMMAND...` runs a command
+with its output printed as the launcher prints a worker's, without a
+prefix (`make demo` runs the demo so), and exits with its exit code.
 """
 
 import os

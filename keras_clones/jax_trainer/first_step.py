@@ -23,7 +23,7 @@ import contextlib
 
 import keras
 
-from keras_clones.worker_backup import agn_optimizer
+from keras_clones.agn.optimizer import agn_of
 
 
 class StartBeforeSteps(keras.callbacks.Callback):
@@ -47,7 +47,7 @@ def started(model):
     """Around `train_on_batch`: the copy now, where the optimizer is built
     (else it builds on the model's weights of this step), and the step
     traced inside leaves it out."""
-    optimizer = agn_optimizer(model.optimizer)
+    optimizer = agn_of(model.optimizer)
     if optimizer is None:
         yield
         return

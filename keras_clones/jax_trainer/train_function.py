@@ -11,9 +11,10 @@ executions; where it writes the state back into the variables
 (`jax_state_sync`, at an epoch's end or for a callback), it is unwrapped:
 the variables, callbacks, `evaluate` and `save` stay this process's own.
 
-As in one process (`keras_clones.period_programs`), the host counts the
-local step and each program is traced for the periods its steps end: a
-step's, or an execution's where only its last step may end one (as where
+As in one process (`keras_clones.jax_trainer.period_programs`), the host
+counts the local step and each program is traced for the periods its
+steps end: a step's, or an execution's where only its last step may end
+one (as where
 `steps_per_execution` divides the period over the fragments); an
 execution that ends a period before its last step asks in each step (a
 conditional). Steps that end no period communicate nothing; a period's
@@ -28,8 +29,8 @@ import keras
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from keras_clones import period_programs
 from keras_clones import process_axis
+from keras_clones.jax_trainer import period_programs
 
 
 def make(model, workers):

@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from keras_clones import _keras_internals as internals
-from keras_clones.computed_step import ComputedStep
+from keras_clones.clone_model.computed_step import ComputedStep
 
 # Reductions that divide by the number of elements: a clone's loss counts in
 # proportion to its share of the batch. "sum" adds the clones' losses.

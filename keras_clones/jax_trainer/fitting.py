@@ -35,9 +35,9 @@ is (or wraps) an `AGNOptimizer`, `fit`:
 
 In one process as across them, `fit` and `train_on_batch` with an
 `AGNOptimizer` copy the model into its centers before their first step
-rather than in every step (`keras_clones.first_step`).
+rather than in every step (`keras_clones.jax_trainer.first_step`).
 
-`_keras_internals.install_jax_trainer_overrides` puts these functions in
+`keras_clones.jax_trainer.overrides` puts these functions in
 Keras's `JAXTrainer`; each calls Keras's own where it does not act.
 """
 
@@ -50,15 +50,15 @@ import keras
 import numpy as np
 
 from keras_clones import _keras_internals as internals
-from keras_clones import first_step
 from keras_clones import gradients
-from keras_clones import period_programs
+from keras_clones.agn.optimizer import agn_of
 from keras_clones.jax_processes import backup
 from keras_clones.jax_processes import exits
-from keras_clones.jax_processes import train_function
 from keras_clones.jax_processes.workers import Workers
+from keras_clones.jax_trainer import first_step
+from keras_clones.jax_trainer import period_programs
+from keras_clones.jax_trainer import train_function
 from keras_clones.multi_worker import description
-from keras_clones.worker_backup import agn_optimizer
 
 NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
 _WORKERS = []  # This run's `Workers`, made once.
@@ -110,7 +110,7 @@ def across_processes(model):
     if not several and _started_as_one_of() is None:
         return False
     distribution = keras.distribution.distribution()
-    agn = agn_optimizer(model.optimizer)
+    agn = agn_of(model.optimizer)
     if distribution is not None:
         if agn is not None and several:
             raise ValueError(
@@ -211,7 +211,7 @@ class ProcessAgreement(keras.callbacks.Callback):
         model = self._trained
         if not self._described:  # Its variables, before they travel.
             check_same_model(model, self._workers)
-        agn = agn_optimizer(model.optimizer)
+        agn = agn_of(model.optimizer)
         step = int(keras.ops.convert_to_numpy(agn.local_step))
         if step == 0:
             self._take_the_chiefs(
@@ -274,7 +274,7 @@ def fit(keras_fit, model, *args, **kwargs):
     if model.optimizer is None:
         return keras_fit(model, *args, **kwargs)
     across = across_processes(model)
-    optimizer = agn_optimizer(model.optimizer)
+    optimizer = agn_of(model.optimizer)
     if optimizer is None:
         return keras_fit(model, *args, **kwargs)
     arguments = inspect.signature(keras_fit).bind(model, *args, **kwargs)
@@ -437,7 +437,7 @@ def train_on_batch(keras_train_on_batch, model, *args, **kwargs):
 
 
 # What stands in for each of Keras's methods that keras_clones overrides on
-# JAX (`_keras_internals.install_jax_trainer_overrides`).
+# JAX (`keras_clones.jax_trainer.overrides`).
 STAND_INS = {
     "fit": fit,
     "make_train_function": make_train_function,

@@ -1,0 +1,7 @@
+"""`CloneModel` and its parts: the model (`model`), its deployment
+(`deployment`: `DeploymentConfig`), the clones' forward and backward passes
+(`clones`), replicated variables (`replication`), the distribution modes
+(`modes`), a clone's reads of shared state (`clone_reads`), the counters it
+logs (`counter_logs`) and one step computed and not yet applied
+(`computed_step`: `ComputedStep`). TensorFlow only, except `computed_step`;
+`keras_clones.CloneModel` is the face."""
