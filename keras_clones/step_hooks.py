@@ -28,9 +28,7 @@ import keras
 
 from keras_clones import gradients
 from keras_clones import optimizer_capabilities
-from keras_clones import process_axis
-from keras_clones._tensorflow import ON_TENSORFLOW
-from keras_clones._tensorflow import tf
+from keras_clones import replicas
 from keras_clones.conditional import run_if
 
 
@@ -101,15 +99,9 @@ class Verdict(typing.NamedTuple):
         ops = keras.ops
         mine = ops.stack([ops.all(self.finite), self.loss_passed])
         mine = ops.cast(ops.logical_not(mine), "float32")
-        if not ON_TENSORFLOW:
-            if process_axis.workers() is None:  # One replica.
-                return self
-            (failures,) = process_axis.total([mine])
-        else:
-            context = tf.distribute.get_replica_context()
-            if context is None or context.num_replicas_in_sync == 1:
-                return self
-            failures = context.all_reduce(tf.distribute.ReduceOp.SUM, mine)
+        failures = replicas.this_backend().sum_over_workers(mine)
+        if failures is None:  # One replica.
+            return self
         every = ops.equal(failures, 0.0)
         every = (every[0], every[1])
         return self._replace(
@@ -301,13 +293,14 @@ def detach(model, hooks, hook):
 
 def _refresh(model, hooks):
     # A new train function is traced when first called, with the hooks
-    # registered then. On JAX one made but not yet traced is made again
-    # too (which traces nothing): it was made for the optimizer's
-    # variables before the hooks' state joined them.
+    # registered then. Where a step carries the hooks' state with the
+    # optimizer's (JAX), one made but not yet traced is made again too
+    # (which traces nothing): it was made for the optimizer's variables
+    # before the hooks' state joined them.
     if model.train_function is None:
         return
     if hooks.traced_with_other_hooks() or (
-        not ON_TENSORFLOW and hooks.never_traced()
+        replicas.this_backend().carries_hook_state and hooks.never_traced()
     ):
         model.make_train_function(force=True)
 

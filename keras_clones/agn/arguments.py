@@ -11,8 +11,7 @@ import weakref
 import keras
 
 from keras_clones import _keras_internals as internals
-from keras_clones._tensorflow import ON_TENSORFLOW
-from keras_clones._tensorflow import tf
+from keras_clones import replicas
 from keras_clones.step_hooks import StepHooks
 
 # Options of the base optimizer that a wrapper does not take itself: they
@@ -154,30 +153,7 @@ def device_list(global_device):
     """`global_device` as a list of device strings ([None]: no device)."""
     if global_device is None:
         return [None]
-    if not ON_TENSORFLOW:
-        raise ValueError(
-            "`global_device` places the global centers on TensorFlow "
-            f"devices, but Keras runs on the {keras.backend.backend()!r} "
-            "backend, where the centers are placed as Keras places every "
-            "optimizer variable (`keras.distribution`). Remove "
-            f"`global_device` (received: {global_device!r})."
-        )
-    devices = [global_device] if isinstance(global_device, str) else None
-    if isinstance(global_device, (list, tuple)) and global_device:
-        devices = list(global_device)
-    if devices is None or not all(isinstance(d, str) for d in devices):
-        raise TypeError(
-            "`global_device` must be a device string or a non-empty list of "
-            f"device strings. Received: {global_device!r}."
-        )
-    for device in devices:
-        try:
-            tf.DeviceSpec.from_string(device)
-        except ValueError as e:
-            raise ValueError(
-                f"Invalid device {device!r} in `global_device`: {e}"
-            ) from None
-    return devices
+    return replicas.this_backend().device_list(global_device)
 
 
 def check_base_options(kwargs, optimizer, wrapper_type):

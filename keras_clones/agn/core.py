@@ -314,7 +314,7 @@ def reduced(config, values, collectives):
     the weights' dtypes: through `collectives.all_reduce` in
     `communication_dtype`, or quantized to 8 or 4 bits, each worker's
     alike, through `collectives.all_reduce_quantized` (see
-    `replicas.StrategyReplicas`, which says whether Keras divided the
+    `keras_clones.replicas`, which says whether Keras divided the
     gradients: `gradients_divided`)."""
     reduce_op = config.reduce_op(collectives.gradients_divided)
     if config.quantized:

@@ -25,8 +25,7 @@ import keras
 
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
-from keras_clones._tensorflow import ON_TENSORFLOW
-from keras_clones._tensorflow import tf
+from keras_clones import replicas
 
 # The outer SGD's options the rule does not take (it runs SGD's update
 # itself), with their defaults.
@@ -79,7 +78,7 @@ def commits_per_step(delayed_nesterov, outer_optimizer):
     of several replicas, which averages the workers' commits itself."""
     if delayed_nesterov is False or delayed_nesterov == 1:
         return None
-    strategy = tf.distribute.get_strategy() if ON_TENSORFLOW else None
+    strategy = replicas.this_backend().strategy()
     workers = _parameter_server_workers(strategy)
     if delayed_nesterov is None:
         if workers < 2 or not _has_momentum(outer_optimizer):

@@ -31,9 +31,9 @@ guard at the next commit, so that every worker reports alike.
 Where each part runs (a replica, the cross-replica context, a function
 outside a step), how commits are reduced and gathered, and how conditional
 updates are made, is the backend's: the engine asks it all of its
-replicas (`replicas.StrategyReplicas` on TensorFlow,
-`replicas.KerasReplicas` under JAX, one per process across JAX
-processes), and calls no TensorFlow or JAX API itself.
+replicas (`keras_clones.replicas`: `StrategyReplicas` on TensorFlow,
+`KerasReplicas` under JAX, one per worker across JAX processes), and
+calls no TensorFlow or JAX API itself.
 """
 
 import contextlib

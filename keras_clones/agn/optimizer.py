@@ -4,7 +4,6 @@ step, over the period engine (`engine.PeriodEngine`). Its state's reads
 are `state_reads.AGNStateReads`, the seams keras_clones's trainers call
 `trainer_seams.AGNTrainerSeams`, both mixed in."""
 
-import contextlib
 import warnings
 
 import keras
@@ -12,12 +11,10 @@ import keras
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
 from keras_clones import optimizer_capabilities
-from keras_clones._tensorflow import ON_TENSORFLOW
-from keras_clones._tensorflow import tf
+from keras_clones import replicas
 from keras_clones.agn import arguments
 from keras_clones.agn import core
 from keras_clones.agn import engine
-from keras_clones.agn import replicas
 from keras_clones.agn import saving
 from keras_clones.agn.delayed_nesterov import DelayedNesterov
 from keras_clones.agn.delayed_nesterov import check_setting
@@ -244,7 +241,7 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
             return
         # Outside any function being traced, where `apply` or a
         # `LossScaleOptimizer`'s step may call it: state is created once.
-        with tf.init_scope() if ON_TENSORFLOW else contextlib.nullcontext():
+        with self._replicas.creating_state():
             self._build(var_list)
         # Where Keras builds a bare optimizer (in the first step's trace, for
         # a model built by that step): their `build` may read the variables.
@@ -306,7 +303,9 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         in `keras_clones.agn.saving`). On JAX, while a step hook keeps state
         (`InfNanCheck`'s counters), its variables follow, which a step
         there must carry; they are not saved."""
-        carried = [] if ON_TENSORFLOW else self._step_hooks.state_variables
+        carried = []
+        if self._replicas.carries_hook_state:
+            carried = self._step_hooks.state_variables
         return self.saved_variables + carried
 
     @property

@@ -3,7 +3,6 @@ variables (in a fixed order, the order of `variables`), gathered in one
 record per model variable (`VariableState`) and in the
 fragments."""
 
-import contextlib
 import typing
 
 import keras
@@ -13,8 +12,7 @@ import numpy as np
 from keras_clones import _keras_internals as internals
 from keras_clones import commit_bytes
 from keras_clones import gradients
-from keras_clones._tensorflow import ON_TENSORFLOW
-from keras_clones._tensorflow import tf
+from keras_clones import replicas
 from keras_clones.agn import delayed_nesterov
 from keras_clones.agn import fragment
 from keras_clones.agn import quantization
@@ -201,8 +199,7 @@ class StateBuilder:
 
     def _add_center(self, variable, index):
         device = self._global_devices[index % len(self._global_devices)]
-        scope = tf.device(device) if device else contextlib.nullcontext()
-        with scope:
+        with replicas.this_backend().placed_on(device):
             center = self.add_variable(
                 shape=variable.shape,
                 dtype=variable.dtype,
@@ -222,12 +219,10 @@ class StateBuilder:
         flight): read outside a replica (saving, `grad_variable(v).numpy()`)
         it is the sum over replicas. Restoring it gives every replica an
         equal share, which reduces to the same."""
-        if not ON_TENSORFLOW:  # One replica.
+        seam = replicas.this_backend()
+        if not seam.per_replica_variables:  # One replica.
             return self.add_variable_from_reference(variable, what)
-        strategy = internals.distribution_strategy(self.optimizer)
-        with strategy.extended.colocate_vars_with(
-            gradients.tf_variable(variable)
-        ):
+        with seam.colocated_with(self.optimizer, variable):
             return self._add_replica_variable(
                 _slot_name(variable, what), variable.shape, variable.dtype
             )

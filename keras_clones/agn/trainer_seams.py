@@ -7,9 +7,6 @@ mixed into the optimizer, as Keras mixes its `Trainer` into `Model`."""
 
 import contextlib
 
-from keras_clones import _keras_internals as internals
-from keras_clones._tensorflow import ON_TENSORFLOW
-from keras_clones._tensorflow import needs_tensorflow
 from keras_clones.agn import arguments
 from keras_clones.agn import worker_state
 
@@ -216,9 +213,9 @@ class AGNTrainerSeams:
         when the last step ended it. Steps traced inside do not end
         periods. An execution that crosses a period's end fails. Only with
         `overlap=True`."""
-        if not ON_TENSORFLOW:
-            raise needs_tensorflow("`commits_around_execution`")
-        strategy = internals.distribution_strategy(self)
+        strategy = self._replicas.strategy_of(
+            self, needed_by="`commits_around_execution`"
+        )
         judges = self._judges[-1]
         with self._engine.commits_around_execution(strategy, judges):
             with self.steps_ending(()):  # The execution's end ends them.
@@ -234,7 +231,6 @@ class AGNTrainerSeams:
         # The same on every worker: they skip it alike.
         if not self.overlap or not self.built or not self._engine.in_flight():
             return
-        strategy = None  # Other backends apply it at once.
-        if ON_TENSORFLOW:
-            strategy = internals.distribution_strategy(self)
+        # (None: other backends apply it at once.)
+        strategy = self._replicas.strategy_of(self)
         self._engine.apply_in_flight(strategy, self._judges[-1])

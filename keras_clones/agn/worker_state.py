@@ -37,10 +37,7 @@ import typing
 import keras
 import numpy as np
 
-from keras_clones import _keras_internals as internals
-from keras_clones import gradients
-from keras_clones import process_axis
-from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones import replicas
 from keras_clones.agn.fragment import RECEIVED
 
 # The kinds of a worker's own variables.
@@ -85,12 +82,9 @@ def entries(state, inner_optimizer):
 
 
 def _replicas(variable):
-    """This worker's replicas of `variable` (its own `tf.Variable`s; on
-    another backend, the variable)."""
-    if not ON_TENSORFLOW:
-        return [variable]
-    variable = gradients.tf_variable(variable)
-    return list(getattr(variable, "values", (variable,)))
+    """This worker's replicas of `variable` (its own `tf.Variable`s on
+    TensorFlow; elsewhere, the variable)."""
+    return replicas.this_backend().own_copies(variable)
 
 
 def read(own):
@@ -149,11 +143,7 @@ def restore_here(optimizer, own, phases, backup, gradients_divided):
     kinds, arrays, replicas_before = backup
     if arrays is not None:
         check_fits(own, kinds, arrays)
-    if ON_TENSORFLOW:
-        strategy = internals.distribution_strategy(optimizer)
-        replicas_now = strategy.num_replicas_in_sync
-    else:
-        replicas_now = process_axis.processes()
+    replicas_now = replicas.this_backend().workers_now(optimizer)
     restore(
         own,
         arrays,

@@ -1,5 +1,5 @@
 """The processes of a JAX run as workers: a one-dimensional mesh of one
-device per process (axis `process_axis.NAME`), and the programs that run
+device per process (axis `worker_axis.NAME`), and the programs that run
 on every process at once.
 
 A process's arrays take part in a program without a copy: an array of
@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
-from keras_clones import process_axis
+from keras_clones.replicas import worker_axis
 
 
 class Workers:
@@ -31,11 +31,11 @@ class Workers:
         self.device = jax.local_devices()[0]
         self.mesh = Mesh(
             np.array([firsts[p] for p in range(self.count)]),
-            (process_axis.NAME,),
+            (worker_axis.NAME,),
         )
         self._broadcast = self.program(_from_chief, lambda specs: specs[0])
         self._gather = self.program(
-            lambda values: [process_axis.gather(values[0])],
+            lambda values: [worker_axis.gather(values[0])],
             lambda specs: PartitionSpec(),
         )
 
@@ -50,7 +50,7 @@ class Workers:
             return value.sharding.spec
         if np.ndim(value) == 0:
             return PartitionSpec()
-        return PartitionSpec(process_axis.NAME)
+        return PartitionSpec(worker_axis.NAME)
 
     def wrap(self, value):
         """This process's array `value` as its part of a global one."""
@@ -73,7 +73,7 @@ class Workers:
     def wrap_data(self, batch):
         """This process's rows of a batch (a structure of arrays) as its
         block of the global batch."""
-        sharding = NamedSharding(self.mesh, PartitionSpec(process_axis.NAME))
+        sharding = NamedSharding(self.mesh, PartitionSpec(worker_axis.NAME))
         return jax.tree.map(
             lambda rows: jax.make_array_from_process_local_data(
                 sharding, np.asarray(rows) if _host(rows) else rows
@@ -142,7 +142,7 @@ class Program:
             specs = jax.tree.map(workers.spec, args)
 
             def traced(*args):
-                with process_axis.traced(workers.count):
+                with worker_axis.traced(workers.count):
                     return self._fn(*args)
 
             compiled = jax.jit(
@@ -173,14 +173,14 @@ def _from_chief(values):
     import jax.numpy as jnp
     from jax import lax
 
-    chief = lax.axis_index(process_axis.NAME) == 0
+    chief = lax.axis_index(worker_axis.NAME) == 0
     kept = []
     for value in values:
         as_int = value.dtype == jnp.bool_
         if as_int:
             value = value.astype(jnp.int32)
         kept.append(jnp.where(chief, value, jnp.zeros_like(value)))
-    summed = process_axis.total(kept)
+    summed = worker_axis.total(kept)
     return [
         s.astype(jnp.bool_) if v.dtype == jnp.bool_ else s
         for s, v in zip(summed, values)

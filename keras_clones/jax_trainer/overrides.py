@@ -11,7 +11,6 @@ import functools
 import keras
 
 from keras_clones import _keras_internals as internals
-from keras_clones.jax_trainer import fitting
 
 JAX_TRAINER_OVERRIDES = (
     "fit",
@@ -32,6 +31,8 @@ def install():
     jax_trainer = internals.jax_trainer()
     if jax_trainer is None or KERAS_METHODS:
         return
+    # Here only: the stand-ins import JAX, which Keras's models need here.
+    from keras_clones.jax_trainer import fitting
 
     def override(stand_in, keras_method):
         @functools.wraps(keras_method)

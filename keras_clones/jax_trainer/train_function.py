@@ -29,8 +29,8 @@ import keras
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from keras_clones import process_axis
 from keras_clones.jax_trainer import period_programs
+from keras_clones.replicas import worker_axis
 
 
 def make(model, workers):
@@ -143,11 +143,11 @@ def global_logs_program(model, workers):
     of = weakref.ref(model)  # A model's cache of these may hold it.
 
     def make_global(metrics_values, logs):
-        summed = process_axis.total(metrics_values)
+        summed = worker_axis.total(metrics_values)
         with keras.StatelessScope(state_mapping=list(zip(variables, summed))):
             results = of().get_metrics_result()
         others = [k for k in logs if k not in results]
-        means = dict(zip(others, process_axis.mean([logs[k] for k in others])))
+        means = dict(zip(others, worker_axis.mean([logs[k] for k in others])))
         return {k: results[k] if k in results else means[k] for k in logs}
 
     return workers.program(make_global, lambda specs: PartitionSpec())

@@ -1,26 +1,14 @@
-"""Where the parts of an AGN step run: the seam between the period engine
-and a backend.
+"""The replicas of a step on TensorFlow: `StrategyReplicas`, those of the
+current `tf.distribute` strategy (the default one in one process). A step
+runs in a replica context: its cross-replica parts in a merge call, each
+replica's parts through `call_for_each_replica`; commits are all-reduced.
+A worker is one replica (a device, or a `CloneModel`'s clones, which the
+replica splits its batch across)."""
 
-On TensorFlow (`StrategyReplicas`) a step runs in a replica context of a
-`tf.distribute` strategy (the default one in one process): its
-cross-replica parts run in a merge call, each replica's parts through
-`call_for_each_replica`, and commits are all-reduced. Under Keras's other
-backends (`KerasReplicas`) a step is one replica's: in one process, or
-under `keras.distribution`, which replicates AGN's state and gives the
-step the global batch's gradients, every part runs where it is called and
-a reduction is the value itself; in a step traced across JAX processes
-(`keras_clones.process_axis`), each process is a worker whose reductions
-are means over the processes.
+import contextlib
 
-Two questions are asked of a seam, and they differ: whether each worker
-takes its local steps apart, on its own gradients (`steps_apart`), and
-whether Keras divided each replica's gradients by the replicas
-(`gradients_divided`: under `tf.distribute`, not on JAX).
-"""
-
+from keras_clones import _keras_internals as internals
 from keras_clones import gradients
-from keras_clones import process_axis
-from keras_clones._tensorflow import ON_TENSORFLOW
 from keras_clones._tensorflow import tf
 from keras_clones.agn import quantization
 from keras_clones.agn import tensorflow_wire
@@ -30,8 +18,88 @@ from keras_clones.conditional import run_if
 class StrategyReplicas:
     """The replicas of the current `tf.distribute` strategy."""
 
-    def __init__(self):
+    # A step hook's state variables stay the hook's: a step reads them.
+    carries_hook_state = False
+    # Each replica keeps its own of a variable with no communication.
+    per_replica_variables = True
+
+    def __init__(self, writes=None):
+        # (`writes` serve other backends.)
         self._outside = None  # (key, the function of `outside_a_step`).
+
+    @staticmethod
+    def strategy():
+        """The current `tf.distribute` strategy."""
+        return tf.distribute.get_strategy()
+
+    @staticmethod
+    def strategy_of(optimizer, needed_by=None):
+        """The strategy `optimizer`'s variables were created under."""
+        return internals.distribution_strategy(optimizer)
+
+    @staticmethod
+    def device_list(global_device):
+        """`global_device` (a device string or a list of them, not None)
+        as a list of TensorFlow device strings, each checked."""
+        devices = [global_device] if isinstance(global_device, str) else None
+        if isinstance(global_device, (list, tuple)) and global_device:
+            devices = list(global_device)
+        if devices is None or not all(isinstance(d, str) for d in devices):
+            raise TypeError(
+                "`global_device` must be a device string or a non-empty list "
+                f"of device strings. Received: {global_device!r}."
+            )
+        for device in devices:
+            try:
+                tf.DeviceSpec.from_string(device)
+            except ValueError as e:
+                raise ValueError(
+                    f"Invalid device {device!r} in `global_device`: {e}"
+                ) from None
+        return devices
+
+    @staticmethod
+    def creating_state():
+        """Around the creation of an optimizer's state: outside any
+        function being traced, where `apply` or a `LossScaleOptimizer`'s
+        step may call it."""
+        return tf.init_scope()
+
+    @staticmethod
+    def placed_on(device):
+        """Around a variable's creation: on `device`, or where the strategy
+        places it (None)."""
+        return tf.device(device) if device else contextlib.nullcontext()
+
+    @staticmethod
+    def colocated_with(optimizer, variable):
+        """Around the creation of a variable each replica keeps its own
+        of: beside `variable` (a model variable of `optimizer`)."""
+        strategy = internals.distribution_strategy(optimizer)
+        return strategy.extended.colocate_vars_with(
+            gradients.tf_variable(variable)
+        )
+
+    @staticmethod
+    def own_copies(variable):
+        """This worker's copies of `variable`: its replicas' own
+        `tf.Variable`s."""
+        variable = gradients.tf_variable(variable)
+        return list(getattr(variable, "values", (variable,)))
+
+    @staticmethod
+    def workers_now(optimizer):
+        """Outside a step: the replicas `optimizer` trains on now."""
+        return internals.distribution_strategy(optimizer).num_replicas_in_sync
+
+    @staticmethod
+    def sum_over_workers(value):
+        """In a step: `value` summed over the replicas (one all-reduce), or
+        None where the step is one replica's."""
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return None
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
     @property
     def _strategy(self):
@@ -165,95 +233,3 @@ class StrategyReplicas:
             self._outside = (key, function)
         with strategy.scope():
             self._outside[1]()
-
-
-class KerasReplicas:
-    """The replicas of a step under Keras's other backends (JAX): one, in
-    one process or under `keras.distribution`; in a step traced across
-    JAX processes (`process_axis.workers()`), one per process. `writes()`
-    gives the variables a conditional update may assign by default; inside
-    one, what the enclosing one may."""
-
-    gradients_divided = False  # Keras on JAX divides by no replicas.
-
-    def __init__(self, writes):
-        self._writes = writes
-        self._enclosing = []  # The writes of the conditionals we are in.
-
-    @property
-    def count(self):
-        return process_axis.workers() or 1
-
-    @property
-    def steps_apart(self):
-        """Whether each process takes its local steps on its own
-        gradients: in a step across JAX processes."""
-        return process_axis.workers() is not None
-
-    def check_step_context(self):
-        pass
-
-    def merge_call(self, fn, *args):
-        return fn(*args)
-
-    def for_each_replica(self, fn, *args):
-        return fn(*args)
-
-    def first(self, value):
-        return value
-
-    def assign(self, variable, value):
-        variable.assign(gradients.copied(value))
-
-    def update(self, variable, fn, value):
-        fn(variable, value)
-
-    def all_reduce(self, reduce_op, values):
-        """`values` reduced over the processes (`"sum"` or `"mean"`)."""
-        if process_axis.workers() is None:
-            return list(values)
-        if reduce_op == "sum":
-            return process_axis.total(values)
-        return process_axis.mean(values)
-
-    def all_gather(self, value):
-        if process_axis.workers() is None:
-            return value[None]
-        return process_axis.gather(value)
-
-    def read_own(self, variable):
-        return gradients.read(variable)
-
-    def all_reduce_quantized(self, reduce_op, integers, scales, dtype):
-        """The processes' quantized commits reduced, flat
-        (`process_axis.quantized_reduction`); one process's as it
-        arrives."""
-        if process_axis.workers() is None:
-            return quantization.decoded(integers, scales)
-        return process_axis.quantized_reduction(
-            integers, scales, dtype, reduce_op
-        )
-
-    def outside_a_step(self, strategy, fn, key):
-        """`fn()`, at once."""
-        fn()
-
-    def run_if(self, pred, update, writes=None):
-        if writes is None:
-            writes = self._enclosing[-1] if self._enclosing else self._writes()
-
-        def within():
-            self._enclosing.append(writes)
-            try:
-                update()
-            finally:
-                self._enclosing.pop()
-
-        run_if(pred, within, writes=writes)
-
-
-def for_this_backend(writes):
-    """The replicas of this backend's steps; `writes()` lists what a
-    conditional update may assign where that must be said
-    (`KerasReplicas`)."""
-    return StrategyReplicas() if ON_TENSORFLOW else KerasReplicas(writes)

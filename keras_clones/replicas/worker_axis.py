@@ -1,13 +1,14 @@
 """The workers' axis of a step traced across JAX processes: the one place
-where a traced step asks "am I one of several processes?" and reduces
-over them.
+where a traced step asks "am I one of several workers?" and reduces over
+them. A worker is a group of devices along the mesh axis `NAME`; today
+one device per process.
 
-`keras_clones.jax_processes` traces Keras's own `train_step` inside
-`jax.shard_map` over a one-dimensional mesh of one device per process,
-whose axis is `NAME`, and says so with `traced(count)`. Inside,
-`workers()` is the number of processes, and `mean`, `total` and `gather`
-reduce over them; everywhere else (one process, TensorFlow,
-`keras.distribution`) `workers()` is None.
+`keras_clones.jax_trainer.train_function` traces Keras's own `train_step`
+inside `jax.shard_map` over the workers' mesh
+(`keras_clones.jax_processes.workers`), whose axis is `NAME`, and says so
+with `traced(count)`. Inside, `workers()` is the number of workers, and
+`mean`, `total` and `gather` reduce over them; everywhere else (one
+process, TensorFlow, `keras.distribution`) `workers()` is None.
 
 Each reduction sends one flat buffer per dtype: gloo pays several
 milliseconds per operand of a tuple all-reduce.
@@ -30,34 +31,35 @@ def traced(count):
 
 
 def workers():
-    """The number of processes the step being traced runs on, or None
-    outside a step across processes."""
+    """The number of workers the step being traced runs on, or None
+    outside a step across workers."""
     return _COUNTS[-1] if _COUNTS else None
 
 
-def processes():
-    """The number of JAX processes of this run (outside any step)."""
+def workers_in_run():
+    """The number of workers of this run (outside any step): one per JAX
+    process."""
     import jax
 
     return jax.process_count()
 
 
 def mean(values):
-    """Each of `values` (arrays) averaged over the processes."""
+    """Each of `values` (arrays) averaged over the workers."""
     from jax import lax
 
     return _flat_per_dtype(values, lambda flat: lax.pmean(flat, NAME))
 
 
 def total(values):
-    """Each of `values` (arrays) summed over the processes."""
+    """Each of `values` (arrays) summed over the workers."""
     from jax import lax
 
     return _flat_per_dtype(values, lambda flat: lax.psum(flat, NAME))
 
 
 def gather(value):
-    """`value` of every process, stacked on a new first axis."""
+    """`value` of every worker, stacked on a new first axis."""
     from jax import lax
 
     return lax.all_gather(value, NAME)
