@@ -224,7 +224,8 @@ def test_steps_ending_refuses_what_is_not_a_tuple_of_fragments():
 
 ONE_OF_ONE = """
 import numpy as np, keras
-from keras_clones import AGNOptimizer, period_programs
+from keras_clones import AGNOptimizer
+from keras_clones.jax_trainer import period_programs
 reads = []
 class Counting(period_programs.LocalStepCount):
     def __init__(self, optimizer, read):
