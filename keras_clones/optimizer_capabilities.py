@@ -36,14 +36,22 @@ def step_hooks(optimizer):
     return getattr(unwrapped(optimizer), "step_hooks", None)
 
 
+def trainer_seams(optimizer):
+    """What keras_clones's trainers call on `optimizer` itself beside
+    Keras's API (an `AGNOptimizer`'s `trainer_seams`: a step whose verdict
+    the caller judged, periods taken elsewhere, the contexts of the steps
+    traced, a worker's own state), or None."""
+    return getattr(optimizer, "trainer_seams", None)
+
+
 def takes_local_steps(optimizer):
     """Whether `optimizer` itself (not inside a `LossScaleOptimizer`, which
     calls its `apply`) takes local steps between synchronisations, as an
     `AGNOptimizer`: it then takes a step whose verdict the caller judged,
-    `apply_local_step(grads, variables, applied, step_hooks)`, in which a
-    skipped local step still counts toward the period, and tells whether
-    a worker `skips_alone`."""
-    return callable(getattr(optimizer, "apply_local_step", None))
+    `trainer_seams(optimizer).apply_local_step(grads, variables, applied,
+    step_hooks)`, in which a skipped local step still counts toward the
+    period, and tells whether a worker `skips_alone`."""
+    return trainer_seams(optimizer) is not None
 
 
 def commits_around_execution(optimizer):
@@ -54,7 +62,7 @@ def commits_around_execution(optimizer):
     train function first with `check_execution_spans_period`."""
     if not getattr(unwrapped(optimizer), "overlap", False):
         return contextlib.nullcontext()
-    return unwrapped(optimizer).commits_around_execution()
+    return trainer_seams(unwrapped(optimizer)).commits_around_execution()
 
 
 def check_execution_spans_period(optimizer, steps_per_execution):
@@ -94,12 +102,12 @@ def check_execution_spans_period(optimizer, steps_per_execution):
 def commits_judged_by(optimizer, step_hooks):
     """The context in which the commits an optimizer applies outside its
     steps are judged by the guard of `step_hooks` (an `AGNOptimizer`'s
-    `commits_judged_by`), where that guard judges its steps too
+    `trainer_seams.commits_judged_by`), where that guard judges its steps too
     (`takes_local_steps`: not inside a `LossScaleOptimizer`, whose `apply`
     the optimizer's own hooks judge); for others, nothing."""
     if not takes_local_steps(optimizer):
         return contextlib.nullcontext()
-    return optimizer.commits_judged_by(step_hooks)
+    return trainer_seams(optimizer).commits_judged_by(step_hooks)
 
 
 def apply_in_flight_commit(optimizer, step_hooks):

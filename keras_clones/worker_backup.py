@@ -4,7 +4,7 @@ each worker runs it, with what each worker holds of its own.
 Keras's backup (the model's weights and the optimizer's variables, and the
 epoch) is the chief's. Under an `AGNOptimizer` each worker also holds a
 state of its own (local weights, inner-optimizer slots, accumulators, its
-share of a commit in flight: `AGNOptimizer.worker_state`), which each
+share of a commit in flight: `TrainerSeams.worker_state`), which each
 worker saves beside the chief's files, on the backup directory all workers
 share, under `keras_clones_workers/`: one file per worker and optimizer
 step, stamped with the step and the number of workers. Every worker also
@@ -200,7 +200,7 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
             stamp.update(_rule(agn))
         arrays = {"stamp": np.array(json.dumps(stamp))}
         if agn is not None:
-            kinds, values = agn.worker_state()
+            kinds, values = agn.trainer_seams.worker_state()
             arrays["kinds"] = np.array(kinds)
             arrays.update({f"state_{i}": v for i, v in enumerate(values)})
         buffer = io.BytesIO()
@@ -286,7 +286,7 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
                 "remove it to start training over."
             )
         if agn is not None and before is not None:
-            agn.restore_worker_state(*own, before)
+            agn.trainer_seams.restore_worker_state(*own, before)
         self._resumed = True
         if self.is_chief:
             print(self.resume_line(metadata, step, before, agn), flush=True)

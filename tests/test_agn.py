@@ -191,7 +191,7 @@ def test_resume_from_saved_model_mid_period(tmp_path, options):
     first = fitted(agn(), 1)
     assert int(first.optimizer.local_step.numpy()) % 4 != 0  # Mid-period.
     if options:  # What int4 dropped, fed back: saved with the rest.
-        kinds, arrays = first.optimizer.worker_state()
+        kinds, arrays = first.optimizer.trainer_seams.worker_state()
         assert np.any(arrays[kinds.index("residual")])
     first.save(tmp_path / "agn.keras")
     resumed = keras.models.load_model(tmp_path / "agn.keras")
@@ -280,10 +280,10 @@ def test_a_commit_from_elsewhere_moves_centers_by_the_outer_rule():
         communication_period=4,
         outer_optimizer=keras.optimizers.SGD(0.5),
     )
-    optimizer.start_from_model(variables)
+    optimizer.trainer_seams.start_from_model(variables)
     center = optimizer.global_center_variable(variables[0])
     np.testing.assert_array_equal(center.numpy(), [1.0, 2.0])
-    optimizer.apply_commit([tf.constant([0.2, -0.4])], variables)
+    optimizer.trainer_seams.apply_commit([tf.constant([0.2, -0.4])], variables)
     np.testing.assert_allclose(center.numpy(), [0.9, 2.2], atol=1e-7)
     np.testing.assert_array_equal(variables[0].numpy(), center.numpy())
     assert int(optimizer.local_step.numpy()) == 4
@@ -291,7 +291,7 @@ def test_a_commit_from_elsewhere_moves_centers_by_the_outer_rule():
     assert int(optimizer.communication_rounds.numpy()) == 1
     # Only the first start copies the variables into the centers.
     variables[0].assign([5.0, 5.0])
-    optimizer.start_from_model(variables)
+    optimizer.trainer_seams.start_from_model(variables)
     np.testing.assert_allclose(center.numpy(), [0.9, 2.2], atol=1e-7)
 
 

@@ -168,9 +168,9 @@ def test_start_from_model_copies_the_model_at_a_period_end_only_if_asked():
     center = optimizer.global_center_variable(variable)
     np.testing.assert_array_equal(center.numpy(), [0.5, 0.5])
     variable.assign([3.0, 4.0])  # Set by hand between two fits.
-    assert optimizer.start_from_model([variable]) == []
+    assert optimizer.trainer_seams.start_from_model([variable]) == []
     np.testing.assert_array_equal(center.numpy(), [0.5, 0.5])
-    ((copied, its_center),) = optimizer.start_from_model(
+    ((copied, its_center),) = optimizer.trainer_seams.start_from_model(
         [variable], period_ends=True
     )
     assert copied is variable and its_center is center
@@ -179,4 +179,4 @@ def test_start_from_model_copies_the_model_at_a_period_end_only_if_asked():
         optimizer.grad_variable(variable).numpy(), [0.0, 0.0]
     )
     with pytest.raises(TypeError, match="Received: period_ends='yes'"):
-        optimizer.start_from_model([variable], period_ends="yes")
+        optimizer.trainer_seams.start_from_model([variable], period_ends="yes")

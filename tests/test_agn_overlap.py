@@ -256,7 +256,9 @@ def test_commits_judged_by_refuses_what_is_not_step_hooks():
     optimizer = overlapped(period=4)
     message = r"`commits_judged_by` takes a .*StepHooks.*step_hooks='hooks'"
     with pytest.raises(TypeError, match=message):
-        with optimizer.commits_judged_by("hooks"):
+        with optimizer.trainer_seams.commits_judged_by("hooks"):
             pass
-    with optimizer.commits_judged_by(StepHooks()):  # A StepHooks it takes.
+    with optimizer.trainer_seams.commits_judged_by(
+        StepHooks()
+    ):  # A StepHooks it takes.
         pass

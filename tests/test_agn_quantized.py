@@ -215,7 +215,7 @@ def test_residuals_are_saved_and_restart_from_the_model():
     held = residual.numpy()
     assert np.any(held)
     # A worker's own state, for its backup.
-    kinds, arrays = optimizer.worker_state()
+    kinds, arrays = optimizer.trainer_seams.worker_state()
     np.testing.assert_array_equal(arrays[kinds.index("residual")][0], held)
     copy = AGNOptimizer.from_config(optimizer.get_config())
     copy.build([variable])
@@ -226,7 +226,7 @@ def test_residuals_are_saved_and_restart_from_the_model():
     np.testing.assert_array_equal(copied.numpy(), held)
     # At a period's end, weights set since are trained from.
     variable.assign(np.zeros(300, "float32"))
-    optimizer.start_from_model([variable], period_ends=True)
+    optimizer.trainer_seams.start_from_model([variable], period_ends=True)
     assert not np.any(residual.numpy())
 
 

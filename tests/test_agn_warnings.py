@@ -7,6 +7,7 @@ import warnings
 
 import keras
 import numpy as np
+import pytest
 
 from keras_clones import AGNOptimizer
 
@@ -97,3 +98,16 @@ def test_rounds_that_leave_a_period_of_the_fits_steps_out_are_warned_of():
         "(communication_period=4, fragments=1), which commit at most 12 of "
         "them: 8 step(s), a period or more, are in no commit"
     ) in said
+
+
+def test_assign_global_centers_warns_at_the_callers_line_or_refuses_unbuilt():
+    model, x, y = model_and_data(1000)
+    fit(model, x, y)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.optimizer.assign_global_centers()
+    [warning] = [w for w in caught if "assign_global_centers" in str(w.message)]
+    assert warning.filename == __file__
+    unbuilt = AGNOptimizer(keras.optimizers.SGD(0.1), 4)
+    with pytest.raises(ValueError, match="has no global centers yet: it is"):
+        unbuilt.assign_global_centers()

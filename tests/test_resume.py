@@ -164,7 +164,7 @@ def test_a_worker_that_was_not_there_starts_its_period_from_the_centers():
     center = optimizer.global_center_variable(kernel)
     assert not np.allclose(kernel.numpy(), center.numpy())
     inner = [v.numpy() for v in optimizer.inner_optimizer.variables]
-    optimizer.restore_worker_state(None, None, replicas_before=2)
+    optimizer.trainer_seams.restore_worker_state(None, None, replicas_before=2)
     for variable in model.trainable_weights:
         center = optimizer.global_center_variable(variable)
         np.testing.assert_array_equal(variable.numpy(), center.numpy())
@@ -180,10 +180,12 @@ def test_a_worker_that_stays_scales_its_accumulators_to_the_workers_now():
     model = agn_model()
     fit(model, epochs=2)
     optimizer = model.optimizer
-    kinds, arrays = optimizer.worker_state()
+    kinds, arrays = optimizer.trainer_seams.worker_state()
     kernel = model.trainable_weights[0]
     before = optimizer.grad_variable(kernel).numpy()
-    optimizer.restore_worker_state(kinds, arrays, replicas_before=2)
+    optimizer.trainer_seams.restore_worker_state(
+        kinds, arrays, replicas_before=2
+    )
     np.testing.assert_allclose(
         optimizer.grad_variable(kernel).numpy(), 2 * before, rtol=1e-7
     )
@@ -192,9 +194,11 @@ def test_a_worker_that_stays_scales_its_accumulators_to_the_workers_now():
 def test_a_workers_state_of_another_optimizer_is_refused():
     model = agn_model()
     fit(model, epochs=1)
-    kinds, arrays = model.optimizer.worker_state()
+    kinds, arrays = model.optimizer.trainer_seams.worker_state()
     with pytest.raises(ValueError, match="does not fit its AGNOptimizer"):
-        model.optimizer.restore_worker_state(kinds[1:], arrays[1:], 1)
+        model.optimizer.trainer_seams.restore_worker_state(
+            kinds[1:], arrays[1:], 1
+        )
 
 
 INNER = {
@@ -236,7 +240,7 @@ def test_a_workers_own_state_comes_back_over_the_chiefs_weights(
                 optimizer = self.model.optimizer
                 self.model.save_weights(tmp_path / f"{id(self)}.weights.h5")
                 self.path = tmp_path / f"{id(self)}.weights.h5"
-                self.state = optimizer.worker_state()
+                self.state = optimizer.trainer_seams.worker_state()
                 self.phase = int(optimizer.in_flight_phase)
                 self.values = [
                     v.numpy() for v in optimizer.variables + self.model.weights
@@ -251,7 +255,9 @@ def test_a_workers_own_state_comes_back_over_the_chiefs_weights(
     )
     assert at_worker.phase != 0 if overlap else at_worker.phase == 0
     worker.load_weights(at_chief.path)
-    worker.optimizer.restore_worker_state(*at_worker.state, replicas_before=1)
+    worker.optimizer.trainer_seams.restore_worker_state(
+        *at_worker.state, replicas_before=1
+    )
     restored = worker.optimizer.variables + worker.weights
     differs = 0
     for variable, mine, chiefs in zip(
@@ -319,14 +325,14 @@ def test_restore_worker_state_checks_its_arguments():
     model = agn_model()
     fit(model, epochs=1)
     optimizer = model.optimizer
-    kinds, arrays = optimizer.worker_state()
+    kinds, arrays = optimizer.trainer_seams.worker_state()
     for wrong in (0, 1.5, True, "2"):
         with pytest.raises(ValueError, match="`replicas_before` must be"):
-            optimizer.restore_worker_state(kinds, arrays, wrong)
+            optimizer.trainer_seams.restore_worker_state(kinds, arrays, wrong)
     with pytest.raises(ValueError, match="Received 3 kinds for"):
-        optimizer.restore_worker_state(kinds[:3], arrays, 1)
+        optimizer.trainer_seams.restore_worker_state(kinds[:3], arrays, 1)
     with pytest.raises(ValueError, match="Received None kinds for"):
-        optimizer.restore_worker_state(None, arrays, 1)
+        optimizer.trainer_seams.restore_worker_state(None, arrays, 1)
 
 
 def test_a_lone_worker_without_tf_config_is_worker_0(tmp_path):

@@ -503,7 +503,7 @@ def test_what_needs_tensorflow_says_so_under_jax():
     variable = keras.Variable(np.ones(3, "float32"))
     optimizer.build([variable])
     with pytest.raises(ImportError, match="needs the TensorFlow backend"):
-        optimizer.commits_around_execution().__enter__()
+        optimizer.trainer_seams.commits_around_execution().__enter__()
 
 
 class WeightsAtStart(keras.callbacks.Callback):

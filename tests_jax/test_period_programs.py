@@ -215,10 +215,12 @@ def test_steps_ending_refuses_what_is_not_a_tuple_of_fragments():
     optimizer = AGNOptimizer(keras.optimizers.SGD(0.1), 4, fragments=2)
     for wrong in ([0], (2,), (True,), 0):
         with pytest.raises(TypeError, match="tuple of fragment indices"):
-            with optimizer.steps_ending(wrong):
+            with optimizer.trainer_seams.steps_ending(wrong):
                 pass
     with pytest.raises(ValueError, match="every step ends the period"):
-        with AGNOptimizer(keras.optimizers.SGD(0.1), 1).steps_ending(()):
+        with AGNOptimizer(
+            keras.optimizers.SGD(0.1), 1
+        ).trainer_seams.steps_ending(()):
             pass
 
 

@@ -11,6 +11,7 @@ import weakref
 import keras
 
 from keras_clones import _keras_internals as internals
+from keras_clones import gradients
 from keras_clones import replicas
 from keras_clones.step_hooks import StepHooks
 
@@ -358,3 +359,21 @@ def checked_step_hooks(step_hooks, where):
             f"Received: step_hooks={step_hooks!r}."
         )
     return step_hooks
+
+
+def check_built(optimizer, what):
+    """Refuses to read `what` of an `AGNOptimizer` not built yet."""
+    if not optimizer.built:
+        raise ValueError(
+            f"The AGNOptimizer has no {what} yet: it is built on the "
+            "first training step or by `optimizer.build(variables)`."
+        )
+
+
+def check_built_on(optimizer, variables):
+    """Refuses variables `optimizer` (an `AGNOptimizer`) was not built on:
+    a `KeyError` that says why (those with `overwrite_with_gradient` have
+    no center, and pass)."""
+    for variable in variables:
+        if not gradients.overwrites(variable):
+            optimizer.global_center_variable(variable)

@@ -88,18 +88,20 @@ class PeriodEngine:
 
     # A local step.
 
-    def step(self, grads, variables, hooks, applied, starts=True, ending=None):
+    def step(self, grads, variables, hooks, applied, context):
         """One local step in a replica context: `grads` applied to
         `variables` where `applied` (a boolean tensor, or None: always),
-        then counted, and the period's end where the schedule says. With
-        `starts`, a first step copies the model into the centers first
-        (else the caller did: `start_from_model`). `ending`, where the
-        caller knows it (see `AGNOptimizer.steps_ending`), is the fragments
-        whose periods this step ends, with no conditional; None: the
-        schedule says in the step."""
+        then counted, and the period's end where the schedule says. What
+        the step being traced does is `context`'s (a
+        `trainer_seams.StepContext`): with `starts`, a first step copies
+        the model into the centers first (else the caller did:
+        `start_from_model`); `ending`, where the caller knows it (see
+        `TrainerSeams.steps_ending`), is the fragments whose periods this
+        step ends, with no conditional; None: the schedule says in the
+        step."""
         replicas = self.replicas
         replicas.check_step_context()
-        if starts:
+        if context.starts:
             kept = [v for v in variables if not gradients.overwrites(v)]
             replicas.merge_call(self._start_from_model, kept)
         if applied is None:
@@ -114,7 +116,9 @@ class PeriodEngine:
                 self._count_skip(applied)
         pairs = gradients.with_gradients(grads, variables, warn=False)
         pairs = [(g, v) for g, v in pairs if not gradients.overwrites(v)]
-        replicas.merge_call(self._count_step, pairs, hooks, applied, ending)
+        replicas.merge_call(
+            self._count_step, pairs, hooks, applied, context.ending
+        )
         self._count_iterations(1)
 
     def _start_from_model(self, variables):
@@ -346,7 +350,7 @@ class PeriodEngine:
 
     def apply_commit(self, commit, variables, hooks, applied):
         """Parameter servers: a period's `commit`, run elsewhere, ends it
-        (see `AGNOptimizer.apply_commit`)."""
+        (see `TrainerSeams.apply_commit`)."""
         fragment = self.state.fragments[0].over(variables)
 
         def end():
@@ -513,7 +517,7 @@ class PeriodEngine:
 
     @contextlib.contextmanager
     def commits_around_execution(self, strategy, hooks):
-        """See `AGNOptimizer.commits_around_execution` (TensorFlow); the
+        """See `TrainerSeams.commits_around_execution` (TensorFlow); the
         guard of `hooks` judges the commits."""
         replicas = self.replicas
         first_step = gradients.read(self.state.local_step)
@@ -578,6 +582,19 @@ class PeriodEngine:
         self._mix(fragment, centers)
 
     # Outside a step.
+
+    def assign_centers(self, states):
+        """`assign_global_centers()`: the variable of each of `states`
+        takes its center, and its period start (with overlap) moves as the
+        variable moved."""
+        for state in states:
+            if state.period_start is not None:
+                start = state.period_start
+                (moved,) = core.moved_starts(
+                    [start], [state.center], [state.variable]
+                )
+                start.assign(moved)
+            state.variable.assign(keras.ops.copy(state.center))
 
     def start_from_model(self, variables, period_ends=False):
         """Eagerly, before the first step (with `period_ends`, wherever the

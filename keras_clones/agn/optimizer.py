@@ -1,10 +1,8 @@
 """`AGNOptimizer`: Accumulated Gradient Normalization around any optimizer,
-as a Keras optimizer: its arguments, configuration, state, saving and
-step, over the period engine (`engine.PeriodEngine`). Its state's reads
-are `state_reads.AGNStateReads`, the seams keras_clones's trainers call
-`trainer_seams.AGNTrainerSeams`, both mixed in."""
-
-import warnings
+as a Keras optimizer: its arguments, configuration, state and its reads,
+saving and step, over the period engine (`engine.PeriodEngine`). What
+keras_clones's trainers call beside Keras's API is one object it exposes,
+`trainer_seams` (`trainer_seams.TrainerSeams`)."""
 
 import keras
 
@@ -19,14 +17,14 @@ from keras_clones.agn import saving
 from keras_clones.agn.delayed_nesterov import DelayedNesterov
 from keras_clones.agn.delayed_nesterov import check_setting
 from keras_clones.agn.state import StateBuilder
-from keras_clones.agn.state_reads import AGNStateReads
-from keras_clones.agn.trainer_seams import AGNTrainerSeams
+from keras_clones.agn.trainer_seams import TrainerSeams
+from keras_clones.agn.uncommitted import UncommittedSteps
 from keras_clones.step_hooks import Step
 from keras_clones.step_hooks import StepHooks
 
 
 @keras.saving.register_keras_serializable(package="keras_clones")
-class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
+class AGNOptimizer(keras.optimizers.Optimizer):
     """Accumulated Gradient Normalization (Hermans et al., ACML 2017).
 
     Wraps any Keras optimizer. Each step the inner `optimizer` updates the
@@ -175,9 +173,9 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         self.inner_optimizer = optimizer
         self.outer_optimizer = outer_optimizer
         self.global_device = global_device
-        self._mixing = mixing  # As given, for `get_config`.
         self.delayed_nesterov = delayed_nesterov
-        self._error_feedback = error_feedback  # As given, for `get_config`.
+        # As given, for `get_config`.
+        self._given = {"mixing": mixing, "error_feedback": error_feedback}
         self._core_config = core.Config(
             communication_period,
             commit,
@@ -190,9 +188,7 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         )
         self._step_hooks = StepHooks()
         self._replicas = replicas.for_this_backend(self._state_and_model)
-        self._started_before = 0  # Above 0: in `started_before_steps`.
-        self._known_ending = None  # In `steps_ending`: its fragments.
-        self._judges = [self._step_hooks]  # `commits_judged_by`'s, last.
+        self._trainer_seams = TrainerSeams(self, self._replicas)
         arguments.remember_wrapper(self, (optimizer, outer_optimizer))
 
     @property
@@ -201,6 +197,13 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         `keras_clones.step_hooks.StepHooks` (`InfNanCheck`'s guard, for a
         plain `keras.Model`, registers here)."""
         return self._step_hooks
+
+    @property
+    def trainer_seams(self):
+        """What keras_clones's own trainers call beside Keras's optimizer
+        API (a `keras_clones.agn.trainer_seams.TrainerSeams`; pre-release,
+        not for users' code)."""
+        return self._trainer_seams
 
     @property
     def core_config(self):
@@ -227,7 +230,7 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
     def delayed_nesterov_rule(self):
         """The `delayed_nesterov.DelayedNesterov` rule its outer optimizer
         takes commits by, once built; None where it is off."""
-        self._check_built("delayed Nesterov rule")
+        arguments.check_built(self, "delayed Nesterov rule")
         outer = self._state.fragments[0].outer
         if isinstance(outer, DelayedNesterov):
             return outer
@@ -268,6 +271,10 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
             lambda steps: internals.increment_iterations(self, steps),
             self._replicas,
         )
+        self._uncommitted = UncommittedSteps(
+            self.name, self._core_config, self._state
+        )
+        self._trainer_seams.attach(self._engine, self._state, self._uncommitted)
 
     def _state_and_model(self):
         """Every variable a step may assign: the optimizers' and the
@@ -323,29 +330,112 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         saving.save(self, store)
 
     def load_own_variables(self, store):
-        if not self.built and len(store.keys()) > len(self.saved_variables):
-            # A built optimizer's state (centers, accumulators, slots)
-            # into one compiled but not built: its load would do nothing.
-            warnings.warn(
-                f"Skipping variable loading for optimizer '{self.name}': "
-                f"the saved optimizer was built ({len(store.keys())} "
-                f"variables), this one is not ({len(self.saved_variables)}"
-                "), so training would start its periods afresh. Build it "
-                "on the model's variables first, then load: "
-                "`optimizer.build(model.trainable_variables)`, then "
-                "`model.load_weights(path)` (a model that compiles itself "
-                "in `__init__`, as keras-hub's tasks do, comes back from "
-                "`keras.saving.load_model` with its own optimizer: see "
-                "docs/surviving_a_crash.md#saved-models-are-not-backups).",
-                stacklevel=2,
-            )
-            return
         centers = len(self._state.states) if self.built else 0
-        saving.load(self, store, self._rule_state(), centers)
+        if saving.load(self, store, self._rule_state(), centers) and self.built:
+            self._uncommitted.note()
 
     def set_weights(self, weights):
         """Sets the whole state, in the order of `saved_variables`."""
         saving.set_weights(self, weights)
+        self._uncommitted.note()
+
+    # What users read.
+
+    @property
+    def local_step(self):
+        """Steps taken since training began; never reset."""
+        return self._state.local_step
+
+    @property
+    def communication_rounds(self):
+        """Synchronisations so far: gradient all-reduces across workers."""
+        return self._state.rounds
+
+    @property
+    def bytes_per_round(self):
+        """The bytes each worker contributes to one synchronisation's
+        all-reduce: every weight that has a center, in
+        `communication_dtype` (else its own dtype); sparse gradients of a
+        one-step period are sent as they are, so they send fewer. With
+        `fragments`, a period's all-reduces carry it together, about
+        1/`fragments` each."""
+        arguments.check_built(self, "variables to synchronise")
+        return self._state.bytes_per_round(self.communication_dtype)
+
+    def _state_for(self, variable, what):
+        """The `VariableState` of model variable `variable`."""
+        arguments.check_built(self, what)
+        built_on = internals.built_variables(self)
+        return self._state.lookup(variable, what, built_on)
+
+    def global_center_variable(self, variable):
+        """The global-center variable of model variable `variable`."""
+        return self._state_for(variable, "global center").center
+
+    def grad_variable(self, variable):
+        """The gradient accumulator of model variable `variable`."""
+        state = self._state_for(variable, "gradient accumulator")
+        if state.accumulator is None:
+            raise KeyError(
+                "The AGNOptimizer has no gradient accumulators: with "
+                f"`commit={self.commit!r}` it commits the change of the "
+                "weights, which needs none."
+            )
+        return state.accumulator
+
+    def period_start(self, variable):
+        """The weights `variable` had at its period's start (with
+        `overlap=True` and `commit="weight_change"`): the commit is this
+        minus the weights at the period's end."""
+        return self._state_for(variable, "period start").period_start
+
+    @property
+    def in_flight_phase(self):
+        """With `overlap=True`: 0, no commit in flight; 1, sent (each
+        worker's own commit awaits the all-reduce); 2, received (the
+        reduced commit awaits being applied at the current period's end).
+        With fragments, one per fragment (a vector). Without overlap, no
+        commit is ever in flight: 0 (a vector of zeros with fragments)."""
+        return self._state.in_flight_phase()
+
+    def apply_in_flight_commit(self):
+        """Applies the commits in flight now (all-reducing them first if
+        only sent): the outer optimizer moves the centers, and the local
+        weights mix with them. The periods under way go on. `fit` calls it
+        at its end (`finalize_variable_values`), a `CloneModel` before it
+        evaluates, and `assign_global_centers()` first. Every worker must
+        call it."""
+        # The same on every worker: they skip it alike.
+        if not self.overlap or not self.built or not self._engine.in_flight():
+            return
+        # (None: other backends apply it at once.)
+        strategy = self._replicas.strategy_of(self)
+        judges = self._trainer_seams.context.judges
+        self._engine.apply_in_flight(strategy, judges)
+
+    def assign_global_centers(self, var_list=None):
+        """Copies the global centers into their variables.
+
+        Use it to evaluate or export the global model. With `overlap=True`
+        the commit in flight is applied first (`apply_in_flight_commit`),
+        which all-reduces it if it was only sent: across workers, call it
+        on every worker, outside `fit` or at the same step. Training from
+        there starts a new communication period from the centers only if
+        the accumulators are empty, i.e. right after a synchronisation.
+
+        Args:
+            var_list: The variables to overwrite; by default every variable
+                the optimizer was built with (but those with
+                `overwrite_with_gradient`, which have no center).
+        """
+        self.apply_in_flight_commit()
+        arguments.check_built(self, "global centers")
+        self._uncommitted.check_assign()
+        if var_list is None:
+            var_list = [s.variable for s in self._state.states]
+        self._engine.assign_centers(
+            [self._state_for(v, "global center") for v in var_list]
+        )
 
     # The step.
 
@@ -362,16 +452,10 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         self.build(trainable_variables)
         pairs = gradients.with_gradients(list(grads), trainable_variables)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
-        self._check_built_on(variables)
-        hooks = self._step_hooks
-        applied = hooks.decide(Step(grads, variables), alone=self.skips_alone)
-        self._engine.step(grads, variables, hooks, applied, **self._traced())
-
-    def _check_built_on(self, variables):
-        """Refuses variables the optimizer was not built on."""
-        for variable in variables:
-            if not gradients.overwrites(variable):
-                self._state_for(variable, "global center")
+        arguments.check_built_on(self, variables)
+        hooks, seams = self._step_hooks, self._trainer_seams
+        applied = hooks.decide(Step(grads, variables), alone=seams.skips_alone)
+        self._engine.step(grads, variables, hooks, applied, seams.context)
 
     @property
     def learning_rate(self):
@@ -391,40 +475,17 @@ class AGNOptimizer(AGNStateReads, AGNTrainerSeams, keras.optimizers.Optimizer):
         # the commit in flight applied; a warning where `fit` threw its
         # steps away.
         self.apply_in_flight_commit()
-        self._check_fit_end()
+        if self.built:
+            self._uncommitted.check_fit_end()
         self.inner_optimizer.finalize_variable_values(var_list)
 
     def get_config(self):
-        serialize = keras.saving.serialize_keras_object
-        return {
-            "name": self.name,
-            "optimizer": serialize(self.inner_optimizer),
-            "communication_period": self.communication_period,
-            "outer_optimizer": (
-                None
-                if self._outer_follows_inner
-                else serialize(self.outer_optimizer)
-            ),
-            "global_device": self.global_device,
-            "commit": self.commit,
-            "normalize": self.normalize,
-            "communication_dtype": self.communication_dtype,
-            "overlap": self.overlap,
-            "mixing": self._mixing,
-            "fragments": self.fragments,
-            "delayed_nesterov": self.delayed_nesterov,
-            "error_feedback": self._error_feedback,
-        }
+        follows = self._outer_follows_inner
+        return saving.config_of(self, follows, **self._given)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        for key in ("optimizer", "outer_optimizer"):
-            if config.get(key) is not None:
-                config[key] = keras.saving.deserialize_keras_object(
-                    config[key], custom_objects=custom_objects
-                )
-        return cls(**config)
+        return cls(**saving.arguments_from(config, custom_objects))
 
 
 def agn_of(optimizer):

@@ -47,8 +47,26 @@ def save(optimizer, store):
 def load(optimizer, store, rule_state, centers):
     """Keras's `load_own_variables`, over `saved_variables`, with its
     warning where `store` does not fit; with or without `rule_state`
-    (`loadable`; `centers`, the optimizer's centers)."""
+    (`loadable`; `centers`, the optimizer's centers). Whether it
+    loaded."""
     variables = optimizer.saved_variables
+    if not optimizer.built and len(store.keys()) > len(variables):
+        # A built optimizer's state (centers, accumulators, slots) into one
+        # compiled but not built: its load would do nothing.
+        warnings.warn(
+            f"Skipping variable loading for optimizer '{optimizer.name}': "
+            f"the saved optimizer was built ({len(store.keys())} "
+            f"variables), this one is not ({len(variables)}), so training "
+            "would start its periods afresh. Build it on the model's "
+            "variables first, then load: "
+            "`optimizer.build(model.trainable_variables)`, then "
+            "`model.load_weights(path)` (a model that compiles itself in "
+            "`__init__`, as keras-hub's tasks do, comes back from "
+            "`keras.saving.load_model` with its own optimizer: see "
+            "docs/surviving_a_crash.md#saved-models-are-not-backups).",
+            stacklevel=3,
+        )
+        return False
     loaded = loadable(store, variables, rule_state, centers)
     if loaded is None:
         hint = ""
@@ -63,10 +81,10 @@ def load(optimizer, store, rule_state, centers):
             f"saved optimizer has {len(store.keys())} variables. {hint}",
             stacklevel=3,
         )
-        return
+        return False
     for i, variable in enumerate(loaded):
         variable.assign(store[str(i)])
-    optimizer._note_counts()
+    return True
 
 
 def loadable(store, variables, rule_state, centers):
@@ -126,4 +144,41 @@ def set_weights(optimizer, weights):
                 "`variables`."
             )
         variable.assign(weight)
-    optimizer._note_counts()
+
+
+def config_of(optimizer, outer_follows_inner, mixing, error_feedback):
+    """Keras's `get_config` of an `AGNOptimizer`: its arguments, the
+    optimizers serialized (no outer one where it follows the inner), and
+    `mixing` and `error_feedback` as given."""
+    serialize = keras.saving.serialize_keras_object
+    return {
+        "name": optimizer.name,
+        "optimizer": serialize(optimizer.inner_optimizer),
+        "communication_period": optimizer.communication_period,
+        "outer_optimizer": (
+            None
+            if outer_follows_inner
+            else serialize(optimizer.outer_optimizer)
+        ),
+        "global_device": optimizer.global_device,
+        "commit": optimizer.commit,
+        "normalize": optimizer.normalize,
+        "communication_dtype": optimizer.communication_dtype,
+        "overlap": optimizer.overlap,
+        "mixing": mixing,
+        "fragments": optimizer.fragments,
+        "delayed_nesterov": optimizer.delayed_nesterov,
+        "error_feedback": error_feedback,
+    }
+
+
+def arguments_from(config, custom_objects=None):
+    """The `AGNOptimizer` arguments of `config` (`config_of`'s), the
+    optimizers deserialized."""
+    config = dict(config)
+    for key in ("optimizer", "outer_optimizer"):
+        if config.get(key) is not None:
+            config[key] = keras.saving.deserialize_keras_object(
+                config[key], custom_objects=custom_objects
+            )
+    return config

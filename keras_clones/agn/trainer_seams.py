@@ -1,20 +1,62 @@
-"""`AGNTrainerSeams`: what keras_clones's own trainers call on an
-`AGNOptimizer` beside Keras's optimizer API: a step whose verdict the
-caller judged (`CloneModel`), a period taken elsewhere (parameter servers),
-the first step's copy taken before the steps (JAX), the commits in flight
-around an execution and at its end, and a worker's own state for a backup;
-mixed into the optimizer, as Keras mixes its `Trainer` into `Model`."""
+"""`TrainerSeams`: what keras_clones's own trainers call on an
+`AGNOptimizer` beside Keras's optimizer API, as one object the optimizer
+exposes (`AGNOptimizer.trainer_seams`, found through
+`keras_clones.optimizer_capabilities.trainer_seams`): a step whose verdict
+the caller judged (`CloneModel`), a period taken elsewhere (parameter
+servers), the first step's copy taken before the steps (JAX), the commits
+in flight around an execution, a worker's own state for a backup, and the
+contexts that say what the steps being traced do (`StepContext`)."""
 
 import contextlib
+import dataclasses
 
 from keras_clones.agn import arguments
 from keras_clones.agn import worker_state
 
 
-class AGNTrainerSeams:
-    """The seams of `AGNOptimizer` that keras_clones's trainers call, over
-    the optimizer's period engine (`_engine`), state (`_state`) and
-    replicas (`_replicas`), once built."""
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """What the contexts entered say of the steps being traced, handed to
+    the period engine with each step.
+
+    Attributes:
+        judges: The step hooks whose guard judges the commits applied
+            outside a step (`commits_judged_by`; by default the
+            optimizer's own).
+        starts: Whether a first step copies the model into the centers
+            first (False in `started_before_steps`).
+        ending: The fragments whose periods the steps end, with no
+            conditional (`steps_ending`); None: the schedule says in the
+            step.
+    """
+
+    judges: object
+    starts: bool = True
+    ending: tuple = None
+
+
+class TrainerSeams:
+    """The seams of an `AGNOptimizer` that keras_clones's trainers call.
+
+    Args:
+        optimizer: The `AGNOptimizer`.
+        replicas: Its replicas (`keras_clones.replicas.for_this_backend`).
+    """
+
+    def __init__(self, optimizer, replicas):
+        self._optimizer = optimizer
+        self._replicas = replicas
+        self.context = StepContext(judges=optimizer.step_hooks)
+        self._built = None  # `(engine, state, uncommitted)` once built.
+
+    def attach(self, engine, state, uncommitted):
+        """Called by the optimizer once built: its period engine, its state
+        (an `AGNState`) and its `UncommittedSteps`."""
+        self._built = (engine, state, uncommitted)
+
+    def _engine(self, what):
+        arguments.check_built(self._optimizer, what)
+        return self._built[0]
 
     def start_from_model(self, var_list, period_ends=False):
         """What the first step does, before it (for steps taken elsewhere):
@@ -34,8 +76,9 @@ class AGNTrainerSeams:
                 "weights are also taken at a period's end. Received: "
                 f"period_ends={period_ends!r}."
             )
-        self.build(var_list)
-        copied = self._engine.start_from_model(var_list, period_ends)
+        self._optimizer.build(var_list)
+        engine = self._engine("centers")
+        copied = engine.start_from_model(var_list, period_ends)
         return [(s.variable, s.center) for s in copied]
 
     def worker_state(self):
@@ -63,18 +106,21 @@ class AGNTrainerSeams:
             replicas_before: The replicas the backup was made on.
         """
         worker_state.check_replicas_before(replicas_before)
+        own = self._own_entries()
+        _, state, uncommitted = self._built
         worker_state.restore_here(
-            self,
-            self._own_entries(),
-            [f.phase for f in self._state.fragments if f.phase is not None],
+            self._optimizer,
+            own,
+            [f.phase for f in state.fragments if f.phase is not None],
             (kinds, arrays, replicas_before),
             self._replicas.gradients_divided,
         )
-        self._note_counts()
+        uncommitted.note()
 
     def _own_entries(self):
-        self._check_built("worker state")
-        return worker_state.entries(self._state, self.inner_optimizer)
+        self._engine("worker state")
+        state = self._built[1]
+        return worker_state.entries(state, self._optimizer.inner_optimizer)
 
     def apply_local_step(self, grads, trainable_variables, applied, step_hooks):
         """One step whose verdict the caller took (a `CloneModel`, which
@@ -94,24 +140,11 @@ class AGNTrainerSeams:
         """
         self._replicas.check_step_context()
         trainable_variables = list(trainable_variables)
-        self.build(trainable_variables)
-        self._check_built_on(trainable_variables)
-        self._engine.step(
-            list(grads),
-            trainable_variables,
-            step_hooks,
-            applied,
-            **self._traced(),
+        self._optimizer.build(trainable_variables)
+        arguments.check_built_on(self._optimizer, trainable_variables)
+        self._engine("period engine").step(
+            list(grads), trainable_variables, step_hooks, applied, self.context
         )
-
-    def _traced(self):
-        """What the contexts entered say of the step being traced: whether
-        it copies the model into the centers first (`started_before_steps`)
-        and which periods it ends, where known (`steps_ending`)."""
-        return {
-            "starts": not self._started_before,
-            "ending": self._known_ending,
-        }
 
     @property
     def skips_alone(self):
@@ -119,7 +152,8 @@ class AGNTrainerSeams:
         local step alone, counted at the next commit: across workers, with
         a period longer than 1. With a period of 1 every step commits, and
         the workers skip a step together, as in synchronous training."""
-        return self._core_config.skips_alone(self._replicas.steps_apart)
+        config = self._optimizer.core_config
+        return config.skips_alone(self._replicas.steps_apart)
 
     def apply_commit(self, commit, var_list, step_hooks=None, applied=None):
         """Ends a period taken elsewhere (a parameter-server worker's), one
@@ -138,22 +172,26 @@ class AGNTrainerSeams:
                 (a guard's verdict): a skipped step commits nothing, and
                 still counts. None: it applied.
         """
-        self._engine.apply_commit(commit, list(var_list), step_hooks, applied)
+        engine = self._engine("period engine")
+        engine.apply_commit(commit, list(var_list), step_hooks, applied)
 
     @contextlib.contextmanager
+    def _entered(self, **changes):
+        outer = self.context
+        self.context = dataclasses.replace(outer, **changes)
+        try:
+            yield
+        finally:
+            self.context = outer
+
     def started_before_steps(self):
         """A context in which the steps traced leave out the first step's
         copy of the model into the centers (a conditional every step, which
         a GPU pays as a copy of every center). Whoever runs those steps
         calls `start_from_model` before the first of them, as keras_clones
         does in `fit` and `train_on_batch` under Keras's JAX trainer."""
-        self._started_before += 1
-        try:
-            yield
-        finally:
-            self._started_before -= 1
+        return self._entered(starts=False)
 
-    @contextlib.contextmanager
     def steps_ending(self, fragments):
         """A context in which the steps traced end the periods of
         `fragments` and no other's, with no conditional: whoever runs them
@@ -169,14 +207,15 @@ class AGNTrainerSeams:
             fragments: The indices of the fragments whose periods end (a
                 tuple, empty for a step that ends none).
         """
-        if not self._core_config.local:
+        optimizer = self._optimizer
+        if not optimizer.core_config.local:
             raise ValueError(
                 "`steps_ending` is for local steps: with a "
                 "`communication_period` of 1 every step ends the period, in "
                 "every program. Received: communication_period="
-                f"{self.communication_period}."
+                f"{optimizer.communication_period}."
             )
-        count = self.fragments
+        count = optimizer.fragments
         if not isinstance(fragments, tuple) or not all(
             type(f) is int and 0 <= f < count for f in fragments
         ):
@@ -185,23 +224,13 @@ class AGNTrainerSeams:
                 f"[0, {count}) (`fragments={count}`). Received: "
                 f"fragments={fragments!r}."
             )
-        outer, self._known_ending = self._known_ending, fragments
-        try:
-            yield
-        finally:
-            self._known_ending = outer
+        return self._entered(ending=fragments)
 
-    @contextlib.contextmanager
     def commits_judged_by(self, step_hooks):
         """A context in which the guard of `step_hooks` (a `CloneModel`'s, in
         its `fit` and `evaluate`) judges the commits applied outside a step."""
-        self._judges.append(
-            arguments.checked_step_hooks(step_hooks, "commits_judged_by")
-        )
-        try:
-            yield
-        finally:
-            self._judges.pop()
+        judges = arguments.checked_step_hooks(step_hooks, "commits_judged_by")
+        return self._entered(judges=judges)
 
     @contextlib.contextmanager
     def commits_around_execution(self):
@@ -214,23 +243,9 @@ class AGNTrainerSeams:
         periods. An execution that crosses a period's end fails. Only with
         `overlap=True`."""
         strategy = self._replicas.strategy_of(
-            self, needed_by="`commits_around_execution`"
+            self._optimizer, needed_by="`commits_around_execution`"
         )
-        judges = self._judges[-1]
-        with self._engine.commits_around_execution(strategy, judges):
+        engine = self._engine("commits in flight")
+        with engine.commits_around_execution(strategy, self.context.judges):
             with self.steps_ending(()):  # The execution's end ends them.
                 yield
-
-    def apply_in_flight_commit(self):
-        """Applies the commits in flight now (all-reducing them first if
-        only sent): the outer optimizer moves the centers, and the local
-        weights mix with them. The periods under way go on. `fit` calls it
-        at its end (`finalize_variable_values`), a `CloneModel` before it
-        evaluates, and `assign_global_centers()` first. Every worker must
-        call it."""
-        # The same on every worker: they skip it alike.
-        if not self.overlap or not self.built or not self._engine.in_flight():
-            return
-        # (None: other backends apply it at once.)
-        strategy = self._replicas.strategy_of(self)
-        self._engine.apply_in_flight(strategy, self._judges[-1])

@@ -137,7 +137,7 @@ def check_replicas_before(replicas_before):
 
 
 def restore_here(optimizer, own, phases, backup, gradients_divided):
-    """`AGNOptimizer.restore_worker_state`: `backup` (kinds, arrays and the
+    """`TrainerSeams.restore_worker_state`: `backup` (kinds, arrays and the
     replicas it was made on) into `optimizer`'s `own` entries, on the
     replicas it trains on now; `phases`, its in-flight phase variables."""
     kinds, arrays, replicas_before = backup

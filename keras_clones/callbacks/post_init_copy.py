@@ -69,7 +69,7 @@ class PostInitCopy(keras.callbacks.Callback):
             print(message + ".")
 
     def _copy_model_into_centers(self, agn):
-        copied = agn.start_from_model(
+        copied = agn.trainer_seams.start_from_model(
             self.model.trainable_variables, period_ends=True
         )
         self.copied = [

@@ -395,21 +395,18 @@ class CloneModel(keras.Model):
             tuple(computed.clone_contributions),
         )
         with self._mode.update_device(self._deployment):
-            if (
-                self._copies is None
-                and trainable
-                and optimizer_capabilities.takes_local_steps(optimizer)
-            ):
+            seams = optimizer_capabilities.trainer_seams(optimizer)
+            if self._copies is None and trainable and seams is not None:
                 # An AGNOptimizer's local step takes the verdict: across
                 # workers it may be this worker's alone.
                 applied = self._step_hooks.decide(
-                    step, computed.finite, alone=optimizer.skips_alone
+                    step, computed.finite, alone=seams.skips_alone
                 )
                 if applied is None:
                     move_state()
                 else:
                     run_if(applied, move_state)
-                optimizer.apply_local_step(
+                seams.apply_local_step(
                     computed.grads, trainable, applied, self._step_hooks
                 )
                 return applied

@@ -7,8 +7,8 @@ from. Inside a compiled step that copy is a conditional over every center,
 every step, which XLA compiles on a GPU as a copy of every center in the
 branch not taken (bench/RESULTS.md, "AGN on a GPU"). So under Keras's JAX
 trainer keras_clones takes it before the steps instead, as
-`AGNOptimizer.start_from_model`, and the steps traced meanwhile leave it
-out (`AGNOptimizer.started_before_steps`):
+`start_from_model` of its `trainer_seams`, and the steps traced meanwhile
+leave it out (`started_before_steps`):
 
 - `fit`, at the start of its first batch (`StartBeforeSteps`, a callback it
   adds last), after the callbacks' `on_train_begin`, `on_epoch_begin` and
@@ -29,7 +29,7 @@ from keras_clones.agn.optimizer import agn_of
 class StartBeforeSteps(keras.callbacks.Callback):
     """At its `fit`'s first batch, the `AGNOptimizer`'s copy of the model
     into the centers where no local step has run
-    (`AGNOptimizer.start_from_model`)."""
+    (`TrainerSeams.start_from_model`)."""
 
     def __init__(self, optimizer):
         super().__init__()
@@ -39,7 +39,8 @@ class StartBeforeSteps(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if self._pending:
             self._pending = False
-            self._optimizer.start_from_model(self.model.trainable_variables)
+            seams = self._optimizer.trainer_seams
+            seams.start_from_model(self.model.trainable_variables)
 
 
 @contextlib.contextmanager
@@ -51,7 +52,8 @@ def started(model):
     if optimizer is None:
         yield
         return
+    seams = optimizer.trainer_seams
     if optimizer.built:
-        optimizer.start_from_model(model.trainable_variables)
-    with optimizer.started_before_steps():
+        seams.start_from_model(model.trainable_variables)
+    with seams.started_before_steps():
         yield

@@ -292,7 +292,7 @@ def fit(keras_fit, model, *args, **kwargs):
     if across:
         callbacks = _across(model, options, callbacks)
     options["callbacks"] = [*callbacks, first_step.StartBeforeSteps(optimizer)]
-    with optimizer.started_before_steps():
+    with optimizer.trainer_seams.started_before_steps():
         return keras_fit(*arguments.args, **arguments.kwargs)
 
 

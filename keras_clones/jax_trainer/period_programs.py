@@ -8,7 +8,7 @@ weights and the centers, every step (bench/RESULTS.md, "Where the time
 goes: XLA's conditionals copy what they pass through"). So the train
 function of a model compiled with an `AGNOptimizer` (Keras's
 `make_train_function`, in one process) traces Keras's `train_step` once
-per answer instead, each inside `AGNOptimizer.steps_ending`: a program
+per answer instead, each inside `TrainerSeams.steps_ending`: a program
 that ends no period (most steps), and one for each fragment whose period
 ends, each compiled the first time it runs. The host knows the local
 step: it reads it from the state where that is not the state its last
@@ -73,7 +73,7 @@ def traced_for(optimizer, ending):
     step asks)."""
     if ending is None:
         return contextlib.nullcontext()
-    return optimizer.steps_ending(ending)
+    return optimizer.trainer_seams.steps_ending(ending)
 
 
 class LocalStepCount:
@@ -169,7 +169,7 @@ class ProgramsByPeriodEnd:
             model, optimizer = self._model, self._optimizer
 
             def step(state, batch):
-                with optimizer.steps_ending(ending):
+                with optimizer.trainer_seams.steps_ending(ending):
                     return model.train_step(state, batch)
 
             program = jax.jit(step, donate_argnums=0)

@@ -16,7 +16,7 @@ share every commit takes, `-lr * g / N`: a worker cannot know which commit
 the coordinator counts N-th, so it assumes none of its own). The commits
 travel with each step's predictions for the logs (`training.AsyncTraining`
 writes them to a parameter server); the coordinator applies them there, in
-order, with `AGNOptimizer.apply_commit` (the outer optimizer, one commit at
+order, with `TrainerSeams.apply_commit` (the outer optimizer, one commit at
 a time), through the model's step hooks. With a guard in the hooks
 (`InfNanCheck`), a worker keeps its copy as it was after a local step whose
 loss or gradients are not finite, and sends the step's verdict
@@ -114,7 +114,7 @@ class AGNPeriods:
                 ]
 
     def start(self):
-        self.optimizer.start_from_model(self._variables)
+        self.optimizer.trainer_seams.start_from_model(self._variables)
 
     def on_worker(self, iterator):
         centers = read_values(self._centers)
@@ -281,7 +281,7 @@ class AGNPeriods:
                 )
             logs = model.log(step.computed, applied)
         # The commit is one update of the centers, as a guard sees it.
-        self.optimizer.apply_commit(
+        self.optimizer.trainer_seams.apply_commit(
             commit, self._variables, model.step_hooks, applied
         )
         return logs
