@@ -32,7 +32,7 @@ class StepContext:
 
     judges: object
     starts: bool = True
-    ending: tuple = None
+    ending: tuple | None = None
 
 
 class TrainerSeams:
@@ -118,7 +118,7 @@ class TrainerSeams:
         uncommitted.note()
 
     def _own_entries(self):
-        self._engine("worker state")
+        arguments.check_built(self._optimizer, "worker state")
         state = self._built[1]
         return worker_state.entries(state, self._optimizer.inner_optimizer)
 
