@@ -14,7 +14,10 @@ from helpers import INNER_LR
 from helpers import RULES
 
 from keras_clones import AGNOptimizer
-from keras_clones.agn.fragment import move_whole_centers
+from keras_clones.agn.fragment import Fragment
+from keras_clones.agn.fragment import WholeVariables
+from keras_clones.agn.keras_outer import KerasOuter
+from keras_clones.agn.state import VariableState
 
 PERIOD, STEPS = 3, 9
 
@@ -176,10 +179,12 @@ def test_commits_travel_in_the_communication_dtype_and_reduce_by_rule(
 def test_reduced_commits_move_the_centers_by_the_outer_optimizer_by_hand():
     # SGD with momentum 0.5, learning rate 0.1, two commits: the velocity
     # is -0.1 g1, then 0.5 (-0.1 g1) - 0.1 g2.
-    outer = keras.optimizers.SGD(0.1, momentum=0.5)
+    rule = KerasOuter(keras.optimizers.SGD(0.1, momentum=0.5))
     center = keras.Variable([1.0, -1.0])
-    move_whole_centers(outer, [tf.constant([2.0, 4.0])], [center])
+    state = VariableState(center, center, None, None, None)
+    fragment = Fragment(WholeVariables(1), [state], rule)
+    rule.move(fragment, [tf.constant([2.0, 4.0])], None, None)
     np.testing.assert_allclose(center.numpy(), [0.8, -1.4], atol=1e-7)
-    move_whole_centers(outer, [tf.constant([-2.0, 0.0])], [center])
+    rule.move(fragment, [tf.constant([-2.0, 0.0])], None, None)
     # velocity: 0.5 * [-0.2, -0.4] - 0.1 * [-2, 0] = [0.1, -0.2]
     np.testing.assert_allclose(center.numpy(), [0.9, -1.6], atol=1e-7)

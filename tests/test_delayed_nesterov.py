@@ -11,6 +11,7 @@ from reference import agn
 from reference import optimizers as hand
 
 from keras_clones import AGNOptimizer
+from keras_clones.agn.keras_outer import KerasOuter
 
 PERIOD, STEPS = 3, 18
 
@@ -59,7 +60,7 @@ def test_forced_on_in_one_process_each_period_is_a_commit_of_the_rule(
         np.testing.assert_allclose(got, center, rtol=1e-5, atol=1e-5)
     plain = trained(diloco(outer=outer_sgd(nesterov)), grads, start)
     assert np.abs(plain[-1] - centers[-1]).max() > 0.05
-    rule = optimizer.delayed_nesterov_rule
+    rule = optimizer.trainer_seams.outer_rules[0]
     assert (rule.commits, int(rule.count.numpy())) == (2, 0)
     # The outer SGD counts its momentum steps: one every second commit.
     assert int(optimizer.outer_optimizer.iterations.numpy()) == 3
@@ -85,7 +86,7 @@ def test_its_state_is_saved_and_restored_with_the_optimizer(tmp_path):
     through.fit(x, y, batch_size=2, shuffle=False, verbose=0)
     first = model(diloco(delayed_nesterov=2))
     first.fit(x[:30], y[:30], batch_size=2, shuffle=False, verbose=0)
-    assert int(first.optimizer.delayed_nesterov_rule.count.numpy()) == 1
+    assert int(first.optimizer.trainer_seams.outer_rules[0].count.numpy()) == 1
     first.save(tmp_path / "m.keras")
     resumed = keras.saving.load_model(tmp_path / "m.keras")
     assert resumed.optimizer.get_config()["delayed_nesterov"] == 2
@@ -101,7 +102,8 @@ def test_off_by_default_in_one_process_and_with_one_worker():
     for setting in (None, False, 1):
         optimizer = diloco(delayed_nesterov=setting)
         optimizer.build([variable])
-        assert optimizer.delayed_nesterov_rule is None
+        (rule,) = optimizer.trainer_seams.outer_rules
+        assert isinstance(rule, KerasOuter)
         sizes[setting] = len(optimizer.variables)
     optimizer = diloco(delayed_nesterov=2)
     optimizer.build([variable])
@@ -193,4 +195,6 @@ def test_saved_with_the_rule_loads_without_it_and_the_reverse(tmp_path):
             source.outer_optimizer.variables,
         ):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
-    assert int(with_rule.optimizer.delayed_nesterov_rule.count.numpy()) == 0
+    assert (
+        int(with_rule.optimizer.trainer_seams.outer_rules[0].count.numpy()) == 0
+    )

@@ -663,4 +663,4 @@ def test_delayed_nesterov_forced_on_matches_the_rule_by_hand():
     against_the_rule(
         optimizer, hand, start, grads, {"rtol": 1e-6, "atol": 1e-5}
     )
-    assert optimizer.delayed_nesterov_rule.commits == 2
+    assert optimizer.trainer_seams.outer_rules[0].commits == 2

@@ -5,6 +5,7 @@ import difflib
 import gc
 import inspect
 import numbers
+import typing
 import warnings
 import weakref
 
@@ -13,6 +14,8 @@ import keras
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
 from keras_clones import replicas
+from keras_clones.agn import core
+from keras_clones.agn.delayed_nesterov import check_setting
 from keras_clones.step_hooks import StepHooks
 
 # Options of the base optimizer that a wrapper does not take itself: they
@@ -43,6 +46,55 @@ _REFUSED_INNER_OPTIONS = {
 
 # Each wrapped optimizer's `AGNOptimizer`, while both live.
 _WRAPPER_OF = weakref.WeakKeyDictionary()
+
+
+class Checked(typing.NamedTuple):
+    """An `AGNOptimizer`'s arguments, checked (`checked`)."""
+
+    config: object  # The `core.Config`.
+    outer_optimizer: object
+    outer_follows_inner: bool  # The outer is a fresh copy of the inner.
+    global_devices: list  # `device_list(global_device)`.
+    delayed_nesterov: object  # As given, a NumPy integer as Python's.
+
+
+def checked(wrapper_type, optimizer, kwargs, **given):
+    """`wrapper_type`'s (`AGNOptimizer`'s) arguments `given` by name, with
+    its inner `optimizer` and the base optimizer's options (`kwargs`),
+    each checked."""
+    check_base_options(kwargs, optimizer, wrapper_type)
+    period, fragments, delayed_nesterov = map(
+        plain_integer,
+        (
+            given["communication_period"],
+            given["fragments"],
+            given["delayed_nesterov"],
+        ),
+    )
+    check_wrapped(optimizer, "optimizer", wrapper_type)
+    check_period(period)
+    dtype, overlap = given["communication_dtype"], given["overlap"]
+    check_commit_options(given["commit"], given["normalize"], dtype)
+    mixing = check_overlap(overlap, given["mixing"], period)
+    check_fragments(fragments, period)
+    feedback = check_error_feedback(given["error_feedback"], dtype)
+    outer_optimizer, follows = outer_optimizer_for(
+        optimizer, given["outer_optimizer"], wrapper_type
+    )
+    check_outer_optimizer(outer_optimizer, fragments)
+    check_setting(delayed_nesterov, outer_optimizer, fragments, overlap)
+    config = core.Config(
+        period,
+        given["commit"],
+        given["normalize"],
+        dtype,
+        int(fragments),
+        overlap,
+        mixing,
+        feedback,
+    )
+    devices = device_list(given["global_device"])
+    return Checked(config, outer_optimizer, follows, devices, delayed_nesterov)
 
 
 def remember_wrapper(wrapper, optimizers):
@@ -368,6 +420,40 @@ def check_built(optimizer, what):
             f"The AGNOptimizer has no {what} yet: it is built on the "
             "first training step or by `optimizer.build(variables)`."
         )
+
+
+def check_exclusions_before_build(optimizer):
+    """Refuses `exclude_from_weight_decay()` on a built `optimizer`."""
+    if optimizer.built:
+        raise ValueError(
+            "`exclude_from_weight_decay()` must be called before the "
+            "AGNOptimizer is built (on the first training step or by "
+            f"`optimizer.build(variables)`); {optimizer.name!r} is built. "
+            "Call it right after creating the optimizer."
+        )
+
+
+def check_accumulators(commit):
+    """Refuses to read gradient accumulators where `commit` keeps none."""
+    if commit != "gradients":
+        raise KeyError(
+            "The AGNOptimizer has no gradient accumulators: with "
+            f"`commit={commit!r}` it commits the change of the weights, "
+            "which needs none."
+        )
+
+
+def variables_to_apply(optimizer, trainable_variables):
+    """The variables `optimizer.apply(grads, trainable_variables)` updates,
+    as a list: by default those it was built on (as Keras's)."""
+    if trainable_variables is not None:
+        return list(trainable_variables)
+    if not optimizer.built:
+        raise ValueError(
+            "When passing `grads` without `trainable_variables`, the "
+            "optimizer must already be built."
+        )
+    return list(internals.built_variables(optimizer))
 
 
 def check_built_on(optimizer, variables):

@@ -26,6 +26,8 @@ import keras
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
 from keras_clones import replicas
+from keras_clones.agn import core
+from keras_clones.tensor_optimizer import TensorOptimizer
 
 # The outer SGD's options the rule does not take (it runs SGD's update
 # itself), with their defaults.
@@ -146,12 +148,16 @@ def _check_outer(outer_optimizer, what):
 
 
 class DelayedNesterov:
-    """The rule over the centers of an `AGNOptimizer` whose outer optimizer
-    is `outer` (a built `keras.optimizers.SGD` with momentum, whose
-    velocity and step count it uses), for `commits` commits per momentum
-    step. Its own state, a buffer per center and the commits since the last
-    momentum step, are variables made by `add_variable` (the
-    AGNOptimizer's: saved with it)."""
+    """The outer rule over the centers of an `AGNOptimizer` whose outer
+    optimizer is `outer` (a built `keras.optimizers.SGD` with momentum,
+    whose velocity and step count it uses), for `commits` commits per
+    momentum step (see `keras_outer` for what every outer rule has). Its
+    own state, a buffer per center and the commits since the last momentum
+    step, are variables made by `add_variable` (the AGNOptimizer's: saved
+    with it, last: a file saved without them, on another number of
+    workers, loads with the rule's state afresh)."""
+
+    state_saved_last = True
 
     def __init__(self, outer, commits, centers, add_variable, counter_dtype):
         self.outer = outer
@@ -178,6 +184,32 @@ class DelayedNesterov:
         """Every variable a commit may assign: the outer SGD's and the
         rule's own."""
         return [*self.outer.variables, *self.state_variables]
+
+    def move(self, fragment, reduced, replicas, applied):
+        """On values, the skip as data (`core.apply`); then the centers and
+        the state are assigned (parameter servers: on the coordinator)."""
+        centers = fragment.field("center")
+        state = core.apply(
+            core.State(
+                centers=[gradients.read(c) for c in centers],
+                outer=self.read_state(centers),
+            ),
+            reduced,
+            lambda values, grads, state, _: self.step(
+                values, grads, state, centers
+            ),
+            None,
+            applied,
+        )
+        for center, value in zip(centers, state.centers):
+            center.assign(value)
+        self.assign_state(centers, state.outer)
+
+    def on_worker(self, centers, where):
+        """What a worker that replays its own commits assumes: the share
+        every commit takes, no momentum step (`share`)."""
+        outer = TensorOptimizer(self.outer, centers, where)
+        return _SharedOnWorker(self, outer, centers)
 
     def read_state(self, centers):
         """The rule's state for `centers`, as values: the outer SGD's
@@ -257,3 +289,19 @@ class DelayedNesterov:
         """`center` after the part of the rule every commit takes:
         `center - rate * grad / N`."""
         return center - rate * grad / self.commits
+
+
+class _SharedOnWorker:
+    """`DelayedNesterov.on_worker`: the outer SGD on values (its state and
+    learning rate), stepping by the rule's `share`."""
+
+    def __init__(self, rule, outer, centers):
+        self._rule = rule
+        self._outer = outer
+        self._centers = centers
+        self.read_source_state = outer.read_source_state
+        self.iteration = outer.iteration
+
+    def step(self, centers, received, state, iteration):
+        rate = self._outer.learning_rate(iteration)
+        return self._rule.share(centers, received, rate, self._centers), state

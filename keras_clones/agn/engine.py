@@ -458,7 +458,7 @@ class PeriodEngine:
         step on it, taken on the centers and its state, then undone).
         With one worker that is where they will be."""
         replicas = self.replicas
-        outer = fragment.outer_variables()
+        outer = fragment.rule.variables
         centers = replicas.for_each_replica(lambda: fragment.gather("center"))
         state = [gradients.read(v) for v in outer]
         replicas.for_each_replica(self._move_ahead, fragment)
@@ -553,10 +553,12 @@ class PeriodEngine:
         )
 
     def apply_in_flight(self, strategy, hooks):
-        """Applies the commits in flight (see
+        """Applies the commits in flight, if any (see
         `AGNOptimizer.apply_in_flight_commit`), judged by the guard of
         `hooks`, outside a step, as a step of `strategy` (TensorFlow's, or
         None) would."""
+        if not self.in_flight():  # The same on every worker.
+            return
         # Traced again for other hooks, or the same ones holding others.
         key = None
         if hooks is not None:

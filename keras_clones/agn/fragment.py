@@ -1,28 +1,23 @@
 """An `AGNOptimizer`'s fragments: each a slice of the weights that commits
-on its own, with its commit in flight, its phase and its outer
-optimizer's state.
+on its own, with its commit in flight, its phase and its outer rule.
 
 Plain AGN is one fragment of whole variables, which the outer optimizer
-(a Keras optimizer) updates as it would the model's. `fragments=F`
-(Streaming DiLoCo's fragments, arXiv 2501.18512) cuts the weights of the
-variables, in order and flattened, at F equal shares of the bytes, inside
-a variable where a cut falls there (in the slow-link bench's MLP one
-kernel holds 75% of the weights): each fragment is then one flat slice,
-and its outer optimizer is the outer optimizer's class and config run on
-tensors (`tensor_optimizer.TensorOptimizer`), with its own state and step
-count (its commits so far; a learning-rate schedule is evaluated there).
-So with fragments the outer optimizer must update each element on its own
-(SGD, Adam, RMSprop, Lion...: not Lamb, Muon or Adafactor, and without
-weight decay or norm clipping, which look at whole variables).
+(a Keras optimizer) updates as it would the model's (`keras_outer`, or
+`delayed_nesterov` under parameter servers). `fragments=F` (Streaming
+DiLoCo's fragments, arXiv 2501.18512) cuts the weights of the variables,
+in order and flattened, at F equal shares of the bytes, inside a variable
+where a cut falls there (in the slow-link bench's MLP one kernel holds 75%
+of the weights): each fragment is then one flat slice, with the outer
+optimizer run on its values (`slice_outer`). So with fragments the outer
+optimizer must update each element on its own (SGD, Adam, RMSprop,
+Lion...: not Lamb, Muon or Adafactor, and without weight decay or norm
+clipping, which look at whole variables).
 """
 
 import keras
 import numpy as np
 
-from keras_clones import _keras_internals as internals
 from keras_clones import gradients
-from keras_clones.agn import core
-from keras_clones.agn.delayed_nesterov import DelayedNesterov
 
 NOTHING, SENT, RECEIVED = 0, 1, 2  # A fragment's in-flight phases.
 
@@ -130,16 +125,15 @@ def cut(variables, count):
 class Fragment:
     """One fragment: its slice of the weights (`WholeVariables` or
     `FlatPieces`) over `states` (the `state.VariableState`s of the
-    variables that have centers); its outer optimizer (a Keras optimizer
-    for whole variables, else a `TensorOptimizer`, its state in
-    `outer_state`); with overlapped commits, its in-flight `phase` (a
-    variable: `NOTHING`, `SENT` or `RECEIVED`)."""
+    variables that have centers); its outer `rule`, which moves its centers
+    (`keras_outer.KerasOuter` and the others it names); with overlapped
+    commits, its in-flight `phase` (a variable: `NOTHING`, `SENT` or
+    `RECEIVED`)."""
 
-    def __init__(self, part, states, outer, outer_state=(), phase=None):
+    def __init__(self, part, states, rule, phase=None):
         self.part = part
         self.states = list(states)
-        self.outer = outer
-        self.outer_state = list(outer_state)
+        self.rule = rule
         self.phase = phase
 
     @property
@@ -153,7 +147,7 @@ class Fragment:
         states = [s for s in self.states if id(s.variable) in ids]
         if len(states) == len(self.states):
             return self
-        return Fragment(WholeVariables(len(states)), states, self.outer)
+        return Fragment(WholeVariables(len(states)), states, self.rule)
 
     def field(self, name):
         """The fragment's variables of `VariableState` field `name`."""
@@ -184,18 +178,10 @@ class Fragment:
             for v in self.field(name)
             if v is not None
         ]
-        if self.whole:
-            written += self.outer.variables
-        written += self.outer_state
+        written += self.rule.variables
         if self.phase is not None:
             written.append(self.phase)
         return written
-
-    def outer_variables(self):
-        """The variables of the fragment's outer optimizer's state (a Keras
-        optimizer's for whole variables, and its own)."""
-        own = list(self.outer.variables) if self.whole else []
-        return own + self.outer_state
 
     def size(self):
         """The number of weights in the fragment's commit."""
@@ -213,63 +199,6 @@ class Fragment:
     def move_centers(self, reduced, replicas, applied=None):
         """In a replica of `replicas` (or on the parameter servers'
         coordinator): the workers' `reduced` commit moves the fragment's
-        centers through its outer optimizer, unless `applied` (a guard's
-        verdict, a boolean scalar; None: always) is false. An outer
-        optimizer on values (a flat slice's, the delayed Nesterov rule)
-        moves them by `core.apply`, the skip as data; Keras's of whole
-        variables, which assigns as it goes, runs under a conditional."""
-        centers = self.field("center")
-        if isinstance(self.outer, DelayedNesterov):
-            rule = self.outer
-            state = core.apply(
-                core.State(
-                    centers=[gradients.read(c) for c in centers],
-                    outer=rule.read_state(centers),
-                ),
-                reduced,
-                lambda values, grads, state, _: rule.step(
-                    values, grads, state, centers
-                ),
-                None,
-                applied,
-            )
-            for center, value in zip(centers, state.centers):
-                center.assign(value)
-            rule.assign_state(centers, state.outer)
-            return
-        if self.whole:
-            move = lambda: move_whole_centers(  # noqa: E731
-                self.outer, reduced, centers
-            )
-            if applied is None:
-                move()
-            else:
-                replicas.run_if(applied, move)
-            return
-        state = core.State(
-            centers=self.gather("center"),
-            outer=[s.value for s in self.outer_state],
-        )
-        iteration = self.outer.iteration(state.outer)
-        state = core.apply(state, reduced, self.outer.step, iteration, applied)
-        replicas.merge_call(
-            self._assign_centers, replicas, state.centers, state.outer
-        )
-
-    def _assign_centers(self, replicas, moved, state):
-        self.assign(replicas, "center", moved)
-        centers = self.field("center")
-        for index in self.part.touched():
-            center = centers[index]
-            if center.constraint is not None:
-                replicas.assign(center, center.constraint(center.value))
-        for variable, value in zip(self.outer_state, state):
-            replicas.assign(variable, value)
-
-
-def move_whole_centers(outer_optimizer, reduced, centers):
-    """The reduced commits move the centers: the outer optimizer (a Keras
-    optimizer) applies them as gradients (as they are: no further
-    all-reduce)."""
-    with internals.without_gradient_all_reduce(outer_optimizer):
-        outer_optimizer.apply(reduced, centers)
+        centers by its outer rule, unless `applied` (a guard's verdict, a
+        boolean scalar; None: always) is false."""
+        self.rule.move(self, reduced, replicas, applied)

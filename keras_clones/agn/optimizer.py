@@ -11,11 +11,8 @@ from keras_clones import gradients
 from keras_clones import optimizer_capabilities
 from keras_clones import replicas
 from keras_clones.agn import arguments
-from keras_clones.agn import core
 from keras_clones.agn import engine
 from keras_clones.agn import saving
-from keras_clones.agn.delayed_nesterov import DelayedNesterov
-from keras_clones.agn.delayed_nesterov import check_setting
 from keras_clones.agn.state import StateBuilder
 from keras_clones.agn.trainer_seams import TrainerSeams
 from keras_clones.agn.uncommitted import UncommittedSteps
@@ -145,51 +142,40 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         error_feedback=None,
         **kwargs,
     ):
-        arguments.check_base_options(kwargs, optimizer, AGNOptimizer)
-        communication_period, fragments, delayed_nesterov = map(
-            arguments.plain_integer,
-            (communication_period, fragments, delayed_nesterov),
+        checked = arguments.checked(
+            AGNOptimizer,
+            optimizer,
+            kwargs,
+            communication_period=communication_period,
+            outer_optimizer=outer_optimizer,
+            global_device=global_device,
+            commit=commit,
+            normalize=normalize,
+            communication_dtype=communication_dtype,
+            overlap=overlap,
+            mixing=mixing,
+            fragments=fragments,
+            delayed_nesterov=delayed_nesterov,
+            error_feedback=error_feedback,
         )
-        arguments.check_wrapped(optimizer, "optimizer", AGNOptimizer)
-        arguments.check_period(communication_period)
-        arguments.check_commit_options(commit, normalize, communication_dtype)
-        mixing_used = arguments.check_overlap(
-            overlap, mixing, communication_period
-        )
-        arguments.check_fragments(fragments, communication_period)
-        feedback = arguments.check_error_feedback(
-            error_feedback, communication_dtype
-        )
-        outer_optimizer, outer_follows_inner = arguments.outer_optimizer_for(
-            optimizer, outer_optimizer, AGNOptimizer
-        )
-        arguments.check_outer_optimizer(outer_optimizer, fragments)
-        check_setting(delayed_nesterov, outer_optimizer, fragments, overlap)
-        global_devices = arguments.device_list(global_device)
         super().__init__(learning_rate=0.0, name=name)
-        self._outer_follows_inner = outer_follows_inner
+        self._outer_follows_inner = checked.outer_follows_inner
         self._exclusions_forwarded = False
-        self._global_devices = global_devices
+        self._global_devices = checked.global_devices
         self.inner_optimizer = optimizer
-        self.outer_optimizer = outer_optimizer
+        self.outer_optimizer = checked.outer_optimizer
         self.global_device = global_device
-        self.delayed_nesterov = delayed_nesterov
+        self.delayed_nesterov = checked.delayed_nesterov
         # As given, for `get_config`.
         self._given = {"mixing": mixing, "error_feedback": error_feedback}
-        self._core_config = core.Config(
-            communication_period,
-            commit,
-            normalize,
-            communication_dtype,
-            int(fragments),
-            overlap,
-            mixing_used,
-            feedback,
-        )
+        self._core_config = checked.config
         self._step_hooks = StepHooks()
-        self._replicas = replicas.for_this_backend(self._state_and_model)
+        # Every variable a step may assign: the optimizers' and the model's.
+        self._replicas = replicas.for_this_backend(
+            lambda: self.variables + list(internals.built_variables(self))
+        )
         self._trainer_seams = TrainerSeams(self, self._replicas)
-        arguments.remember_wrapper(self, (optimizer, outer_optimizer))
+        arguments.remember_wrapper(self, (optimizer, self.outer_optimizer))
 
     @property
     def step_hooks(self):
@@ -225,16 +211,6 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     mixing = property(lambda self: self._core_config.mixing)
     fragments = property(lambda self: self._core_config.fragments)
     error_feedback = property(lambda self: self._core_config.error_feedback)
-
-    @property
-    def delayed_nesterov_rule(self):
-        """The `delayed_nesterov.DelayedNesterov` rule its outer optimizer
-        takes commits by, once built; None where it is off."""
-        arguments.check_built(self, "delayed Nesterov rule")
-        outer = self._state.fragments[0].outer
-        if isinstance(outer, DelayedNesterov):
-            return outer
-        return None
 
     # State.
 
@@ -276,11 +252,6 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         )
         self._trainer_seams.attach(self._engine, self._state, self._uncommitted)
 
-    def _state_and_model(self):
-        """Every variable a step may assign: the optimizers' and the
-        model's."""
-        return self.variables + list(internals.built_variables(self))
-
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         """Excludes variables from weight decay, in both optimizers.
 
@@ -294,13 +265,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
             var_names: A list of strings: variables whose name contains one
                 of them are excluded from weight decay.
         """
-        if self.built:
-            raise ValueError(
-                "`exclude_from_weight_decay()` must be called before the "
-                "AGNOptimizer is built (on the first training step or by "
-                f"`optimizer.build(variables)`); {self.name!r} is built. "
-                "Call it right after creating the optimizer."
-            )
+        arguments.check_exclusions_before_build(self)
         self.inner_optimizer.exclude_from_weight_decay(var_list, var_names)
         self._exclusions_forwarded = True
 
@@ -318,20 +283,18 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     @property
     def saved_variables(self):
         """The optimizer's state, as saved and set: its own, the inner and
-        the outer optimizer's, the delayed Nesterov rule's last."""
-        return saving.saved_variables(self, self._rule_state())
+        the outer optimizer's, then the outer rules' saved last (see
+        `keras_clones.agn.saving`)."""
+        return saving.saved_variables(self, self._built_state())
 
-    def _rule_state(self):
-        """The delayed Nesterov rule's variables, where it is on."""
-        rule = self.delayed_nesterov_rule if self.built else None
-        return rule.state_variables if rule else []
+    def _built_state(self):
+        return self._state if self.built else None
 
     def save_own_variables(self, store):
         saving.save(self, store)
 
     def load_own_variables(self, store):
-        centers = len(self._state.states) if self.built else 0
-        if saving.load(self, store, self._rule_state(), centers) and self.built:
+        if saving.load(self, store, self._built_state()):
             self._uncommitted.note()
 
     def set_weights(self, weights):
@@ -375,12 +338,7 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     def grad_variable(self, variable):
         """The gradient accumulator of model variable `variable`."""
         state = self._state_for(variable, "gradient accumulator")
-        if state.accumulator is None:
-            raise KeyError(
-                "The AGNOptimizer has no gradient accumulators: with "
-                f"`commit={self.commit!r}` it commits the change of the "
-                "weights, which needs none."
-            )
+        arguments.check_accumulators(self.commit)
         return state.accumulator
 
     def period_start(self, variable):
@@ -405,13 +363,11 @@ class AGNOptimizer(keras.optimizers.Optimizer):
         at its end (`finalize_variable_values`), a `CloneModel` before it
         evaluates, and `assign_global_centers()` first. Every worker must
         call it."""
-        # The same on every worker: they skip it alike.
-        if not self.overlap or not self.built or not self._engine.in_flight():
-            return
-        # (None: other backends apply it at once.)
-        strategy = self._replicas.strategy_of(self)
-        judges = self._trainer_seams.context.judges
-        self._engine.apply_in_flight(strategy, judges)
+        if self.overlap and self.built:
+            # (A strategy on TensorFlow; None: other backends.)
+            strategy = self._replicas.strategy_of(self)
+            judges = self._trainer_seams.context.judges
+            self._engine.apply_in_flight(strategy, judges)
 
     def assign_global_centers(self, var_list=None):
         """Copies the global centers into their variables.
@@ -440,15 +396,10 @@ class AGNOptimizer(keras.optimizers.Optimizer):
     # The step.
 
     def apply(self, grads, trainable_variables=None):
-        if trainable_variables is None:
-            if not self.built:
-                raise ValueError(
-                    "When passing `grads` without `trainable_variables`, the "
-                    "optimizer must already be built."
-                )
-            trainable_variables = internals.built_variables(self)
+        trainable_variables = arguments.variables_to_apply(
+            self, trainable_variables
+        )
         self._replicas.check_step_context()
-        trainable_variables = list(trainable_variables)
         self.build(trainable_variables)
         pairs = gradients.with_gradients(list(grads), trainable_variables)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]

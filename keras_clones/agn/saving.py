@@ -12,10 +12,13 @@
    first one's step;
 2. the inner optimizer's;
 3. the outer optimizer's;
-4. under delayed Nesterov, its buffer per center and its count, last: a
-   file saved without them (another number of workers, one process) loads
-   with the rule's state afresh, and one saved with them loads where the
-   rule is off.
+4. the state of the outer rules saved last (`state_saved_last`: under
+   delayed Nesterov, its buffer per center and its count): a file saved
+   without it (another number of workers, one process) loads with the
+   rule's state afresh, and one saved with it loads where the rule is off.
+
+The outer rules' other state (a fragment's outer optimizer on its slice)
+is the optimizer's own, where it was made.
 """
 
 import warnings
@@ -26,9 +29,18 @@ import numpy as np
 from keras_clones import _keras_internals as internals
 
 
-def saved_variables(optimizer, rule_state):
+def saved_last(state):
+    """The state of the outer rules (see `keras_outer`) of `state` (an
+    `AGNState`, or None: not built) saved last."""
+    rules = [f.rule for f in state.fragments] if state else []
+    return [v for r in rules if r.state_saved_last for v in r.state_variables]
+
+
+def saved_variables(optimizer, state):
     """`optimizer`'s state as saved and set (see the module's docstring),
-    `rule_state` (the delayed Nesterov rule's variables, or none) last."""
+    the outer rules' state `saved_last` last; `state` is its `AGNState`, or
+    None where it is not built."""
+    rule_state = saved_last(state)
     ids = {id(v) for v in rule_state}
     return (
         [v for v in internals.own_variables(optimizer) if id(v) not in ids]
@@ -44,11 +56,11 @@ def save(optimizer, store):
         store[str(i)] = keras.ops.convert_to_numpy(variable)
 
 
-def load(optimizer, store, rule_state, centers):
+def load(optimizer, store, state):
     """Keras's `load_own_variables`, over `saved_variables`, with its
-    warning where `store` does not fit; with or without `rule_state`
-    (`loadable`; `centers`, the optimizer's centers). Whether it
-    loaded."""
+    warning where `store` does not fit; with or without the outer rules'
+    state saved last (`loadable`); `state` is the `AGNState`, or None where
+    it is not built. Whether it loaded a built optimizer's state."""
     variables = optimizer.saved_variables
     if not optimizer.built and len(store.keys()) > len(variables):
         # A built optimizer's state (centers, accumulators, slots) into one
@@ -67,7 +79,8 @@ def load(optimizer, store, rule_state, centers):
             stacklevel=3,
         )
         return False
-    loaded = loadable(store, variables, rule_state, centers)
+    centers = len(state.states) if state else 0
+    loaded = loadable(store, variables, saved_last(state), centers)
     if loaded is None:
         hint = ""
         if not optimizer.built:
@@ -84,7 +97,7 @@ def load(optimizer, store, rule_state, centers):
         return False
     for i, variable in enumerate(loaded):
         variable.assign(store[str(i)])
-    return True
+    return state is not None
 
 
 def loadable(store, variables, rule_state, centers):

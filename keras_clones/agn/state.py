@@ -16,7 +16,8 @@ from keras_clones import replicas
 from keras_clones.agn import delayed_nesterov
 from keras_clones.agn import fragment
 from keras_clones.agn import quantization
-from keras_clones.tensor_optimizer import TensorOptimizer
+from keras_clones.agn.keras_outer import KerasOuter
+from keras_clones.agn.slice_outer import SliceOuter
 
 # Counters are 64 bits on TensorFlow; JAX (without `jax_enable_x64`) has
 # 32-bit integers, as for Keras's own `iterations` ("int").
@@ -163,7 +164,8 @@ class StateBuilder:
                     if self.config.commit == "gradients"
                     else None
                 )
-        parts, outers, outer_states = self._cut(centered, centers)
+        parts = self._cut(centered)
+        rules = self._outer_rules(parts, centers)
         phases, in_flight, starts = self._add_overlap_state(centered)
         residuals = [None] * len(centered)
         if self.config.error_feedback:
@@ -175,10 +177,8 @@ class StateBuilder:
             )
         ]
         fragments = [
-            fragment.Fragment(part, states, outer, outer_state, phase)
-            for part, outer, outer_state, phase in zip(
-                parts, outers, outer_states, phases
-            )
+            fragment.Fragment(part, states, rule, phase)
+            for part, rule, phase in zip(parts, rules, phases)
         ]
         # The local steps this worker skipped alone since the last commit,
         # and the first one's optimizer step (the first worker's, read
@@ -246,17 +246,11 @@ class StateBuilder:
         internals.track_variable(self.optimizer, own)
         return own
 
-    def _cut(self, centered, centers):
-        """Each fragment's slice, outer optimizer and its state: one of
-        whole variables with the outer optimizer itself (or the delayed
-        Nesterov rule over it), or `fragments` flat slices, each with the
-        outer optimizer on tensors."""
+    def _cut(self, centered):
+        """Each fragment's slice: one of whole variables, or `fragments`
+        flat slices."""
         if self.config.fragments == 1:
-            return (
-                [fragment.WholeVariables(len(centered))],
-                [self._whole_outer(centers)],
-                [()],
-            )
+            return [fragment.WholeVariables(len(centered))]
         dtypes = {keras.backend.standardize_dtype(v.dtype) for v in centered}
         if len(dtypes) > 1 or not centered:
             raise ValueError(
@@ -270,48 +264,40 @@ class StateBuilder:
                 f"`fragments={self.config.fragments}` is more than the model's "
                 f"{sum(p.size for p in parts)} weights. Use fewer fragments."
             )
-        outers, outer_states = [], []
-        dtype = keras.backend.standardize_dtype(centered[0].dtype)
-        for f, part in enumerate(parts):
-            flat = keras.Variable(
-                np.zeros(part.size, dtype), name=f"fragment_{f}"
-            )
-            outer = TensorOptimizer(
-                self.outer_optimizer,
-                [flat],
-                f"With `fragments={self.config.fragments}` an AGNOptimizer "
-                "runs its outer optimizer on each fragment",
-            )
-            outers.append(outer)
-            outer_states.append(
-                [self._add_outer_state(f, t) for t in outer.state_templates]
-            )
-        return parts, outers, outer_states
+        return parts
 
-    def _whole_outer(self, centers):
-        """The outer optimizer of whole variables, or the delayed Nesterov
-        rule over it where that is on (`delayed_nesterov`)."""
+    def _outer_rules(self, parts, centers):
+        """Each fragment's outer rule (see `keras_outer`): on each flat
+        slice apart; for whole variables the delayed Nesterov rule where it
+        is on, else Keras's stateful `apply`."""
+        count = len(parts)
+        if count > 1:
+            dtype = keras.backend.standardize_dtype(centers[0].dtype)
+            return [
+                SliceOuter(
+                    self.outer_optimizer,
+                    part,
+                    dtype,
+                    f,
+                    count,
+                    self.add_variable,
+                )
+                for f, part in enumerate(parts)
+            ]
         commits = delayed_nesterov.commits_per_step(
             self.optimizer.delayed_nesterov, self.outer_optimizer
         )
-        if commits is None:
-            return self.outer_optimizer
-        return delayed_nesterov.DelayedNesterov(
-            self.outer_optimizer,
-            commits,
-            centers,
-            self.add_variable,
-            COUNTER_DTYPE,
-        )
-
-    def _add_outer_state(self, index, template):
-        state = self.add_variable(
-            shape=template.shape,
-            dtype=template.dtype,
-            name=f"fragment_{index}_outer_{template.name.split('/')[-1]}",
-        )
-        state.assign(template.numpy())
-        return state
+        if commits is not None:
+            return [
+                delayed_nesterov.DelayedNesterov(
+                    self.outer_optimizer,
+                    commits,
+                    centers,
+                    self.add_variable,
+                    COUNTER_DTYPE,
+                )
+            ]
+        return [KerasOuter(self.outer_optimizer)]
 
     def _add_overlap_state(self, centered):
         """With `overlap=True`: each fragment's phase, each variable's slot

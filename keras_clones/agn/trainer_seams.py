@@ -81,6 +81,14 @@ class TrainerSeams:
         copied = engine.start_from_model(var_list, period_ends)
         return [(s.variable, s.center) for s in copied]
 
+    @property
+    def outer_rules(self):
+        """Each fragment's outer rule, in order (`keras_outer.KerasOuter`,
+        `slice_outer.SliceOuter` or `delayed_nesterov.DelayedNesterov`),
+        once built."""
+        arguments.check_built(self._optimizer, "outer rules")
+        return [f.rule for f in self._built[1].fragments]
+
     def worker_state(self):
         """What this worker holds of its own across workers, for a backup:
         its local weights, period starts, gradient accumulators, share of

@@ -10,10 +10,11 @@ the `AGNOptimizer`'s rule (the period's gradients or weight change, divided
 by the period if `normalize`, in `communication_dtype`; in 8 or 4 bits
 with error feedback, its residual kept by the worker). Its first period
 starts from the centers read; each later one from where its own commits
-moved them, by the outer optimizer on tensors from its state read with the
-centers, as the coordinator will apply them (under delayed Nesterov, by the
-share every commit takes, `-lr * g / N`: a worker cannot know which commit
-the coordinator counts N-th, so it assumes none of its own). The commits
+moved them, by the outer rule on values (its `on_worker`) from its state
+read with the centers, as the coordinator will apply them (under delayed
+Nesterov, by the share every commit takes, `-lr * g / N`: a worker cannot
+know which commit the coordinator counts N-th, so it assumes none of its
+own). The commits
 travel with each step's predictions for the logs (`training.AsyncTraining`
 writes them to a parameter server); the coordinator applies them there, in
 order, with `TrainerSeams.apply_commit` (the outer optimizer, one commit at
@@ -37,7 +38,6 @@ from keras_clones.parameter_server.worker_values import kept_unless_skipped
 from keras_clones.parameter_server.worker_values import read_values
 from keras_clones.step_hooks import Verdict
 from keras_clones.step_hooks import finiteness
-from keras_clones.tensor_optimizer import TensorOptimizer
 
 
 class _WorkerCopy(typing.NamedTuple):
@@ -95,8 +95,8 @@ class AGNPeriods:
         ]
         self._outer = None
         if self._periods > 1:
-            self._outer = TensorOptimizer(
-                optimizer.outer_optimizer,
+            (rule,) = optimizer.trainer_seams.outer_rules
+            self._outer = rule.on_worker(
                 self._centers,
                 "Under ParameterServerStrategy with `steps_per_execution` "
                 "> `communication_period`, workers run the outer optimizer",
@@ -186,18 +186,7 @@ class AGNPeriods:
                 finite = tf.concat([last_step.finite, finite], 0)
             applied = tf.reduce_all(finite)
         iteration = self._outer.iteration(state.outer)
-        return core.apply(state, received, self._outer_step, iteration, applied)
-
-    def _outer_step(self, centers, received, outer_state, iteration):
-        """The outer optimizer on tensors, as the core's `outer`."""
-        delayed = self.optimizer.delayed_nesterov_rule
-        if delayed is None:
-            return self._outer.step(centers, received, outer_state, iteration)
-        # The share of the rule every commit takes; no momentum step.
-        rate = self._outer.learning_rate(iteration)
-        return delayed.share(
-            centers, received, rate, self._centers
-        ), outer_state
+        return core.apply(state, received, self._outer.step, iteration, applied)
 
     def _worker_copy(self, pulled):
         model = self.model

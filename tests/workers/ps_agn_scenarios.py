@@ -237,7 +237,7 @@ def delayed_nesterov(strategy):
                     o.step(w, g) for o, w, g in zip(outers, weights, commit)
                 ]
             replays[rule] = max_difference(centers, weights)
-        rule = model.optimizer.delayed_nesterov_rule
+        rule = model.optimizer.trainer_seams.outer_rules[0]
         results[name] = {
             **replays,
             "commits": len(commits.recorded()),
