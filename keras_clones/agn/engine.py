@@ -291,46 +291,11 @@ class PeriodEngine:
             self._move_centers(fragment, received, hooks)
             return state
 
-        state = self._period_state(fragment, commits=grads is None)
+        state = fragment.period_state(self.config, commits=grads is None)
         state = core.end_period(
             self.config, state, self.replicas, move, sent=grads
         )
-        self._keep(fragment, state)
-
-    def _period_state(self, fragment, commits=True):
-        """In a replica: the fragment's `core.State` as a period's end
-        reads it: what `core.commit` takes (unless not `commits`: the
-        step's gradients are the commit), and the residuals where they feed
-        back."""
-        config = self.config
-        state = self._commit_reads(fragment) if commits else core.State()
-        if config.quantized and config.error_feedback:
-            state = state._replace(residuals=fragment.gather("residual"))
-        return state
-
-    def _commit_reads(self, fragment):
-        """In a replica: the fragment's `core.State` that `core.commit`
-        reads, by the rule."""
-        if self.config.commit == "gradients":
-            return core.State(accumulators=fragment.gather("accumulator"))
-        if self.config.overlap:
-            return core.State(
-                weights=fragment.gather("variable"),
-                period_starts=fragment.gather("period_start"),
-            )
-        return core.State(
-            weights=fragment.gather("variable"),
-            centers=fragment.gather("center"),
-        )
-
-    def _keep(self, fragment, state):
-        """In a replica: the fragment's accumulators (where a commit
-        restarted them) and residuals (with error feedback), as `state`
-        holds them after a period's end."""
-        if state.accumulators is not None:
-            fragment.assign_here("accumulator", state.accumulators)
-        if state.residuals is not None:
-            fragment.assign_here("residual", state.residuals)
+        fragment.keep(state)
 
     def _move_centers(self, fragment, reduced, hooks):
         """In a replica (or outside any strategy): `reduced` moves the
@@ -393,14 +358,14 @@ class PeriodEngine:
 
     def _end_period_in_step(self, fragment, hooks):
         self.end_period(fragment, 1, hooks)
-        self._receive(fragment)
+        fragment.receive(self.config, self.replicas)
 
     def _hold_in_flight(self, fragment, hooks):
         """Applies the commit received, holds this period's in flight (sent,
         not yet reduced), and mixes the local weights with where the
         centers will be once it arrives (`_look_ahead`)."""
         replicas = self.replicas
-        self._receive(fragment)  # One sent is never lost.
+        fragment.receive(self.config, self.replicas)  # One sent is never lost.
         received = keras.ops.equal(fragment.phase, RECEIVED)
         replicas.run_if(
             received,
@@ -414,23 +379,8 @@ class PeriodEngine:
                 lambda: fragment.gather("variable")
             )
             fragment.assign(replicas, "period_start", local)
-        self._mix(fragment, self._look_ahead(fragment))
+        fragment.mix(self.config, self.replicas, self._look_ahead(fragment))
         fragment.phase.assign(SENT)
-
-    def _receive(self, fragment):
-        """All-reduces the fragment's commit in flight in place, if only
-        sent (cross-replica)."""
-
-        def receive():
-            self.replicas.for_each_replica(self._reduce_in_flight, fragment)
-            fragment.phase.assign(RECEIVED)
-
-        self.replicas.run_if(keras.ops.equal(fragment.phase, SENT), receive)
-
-    def _reduce_in_flight(self, fragment):
-        sent = fragment.gather("in_flight", read=self.replicas.read_own)
-        received = core.reduced(self.config, sent, self.replicas)
-        fragment.assign_here("in_flight", received)
 
     def _move_received(self, fragment, hooks):
         received = fragment.gather("in_flight", read=self.replicas.read_own)
@@ -469,51 +419,10 @@ class PeriodEngine:
         return ahead
 
     def _send(self, fragment, hooks):
-        """In a replica: this worker's commit of the fragment's period, into
-        its slots."""
+        """In a replica: the skips reported, and this worker's commit of the
+        fragment's period held in flight."""
         self._report_skips(hooks)
-        config = self.config
-        state, values = core.commit(config, self._period_state(fragment))
-        values, residuals = core.with_feedback(config, values, state.residuals)
-        fragment.assign_here("in_flight", values)
-        self._keep(fragment, state._replace(residuals=residuals))
-
-    def _mix(self, fragment, towards):
-        """The fragment's local weights become `mixing * local + (1 -
-        mixing) * towards` (per replica: the look-ahead, or the centers;
-        then constrained); its period's start moves with them, so that its
-        commit is only what its local steps did."""
-        replicas = self.replicas
-
-        def mix_on_replica(towards):
-            local = fragment.gather("variable")
-            return local, core.mixed(self.config, local, towards)
-
-        before, mixed = replicas.for_each_replica(mix_on_replica, towards)
-        fragment.assign(replicas, "variable", mixed)
-        self._constrain(fragment)
-        if self.config.commit == "weight_change":
-
-            def moved_start(before):
-                starts = fragment.gather("period_start")
-                local = fragment.gather("variable")
-                return core.moved_starts(starts, local, before)
-
-            moved = replicas.for_each_replica(moved_start, before)
-            fragment.assign(replicas, "period_start", moved)
-
-    def _constrain(self, fragment):
-        """The constraints of the variables the fragment touches."""
-        variables = fragment.field("variable")
-        for index in fragment.part.touched():
-            variable = variables[index]
-            if variable.constraint is None:
-                continue
-            value = self.replicas.for_each_replica(
-                lambda v: v.constraint(gradients.read(v)),
-                variable,
-            )
-            self.replicas.assign(variable, value)
+        fragment.send(self.config)
 
     @contextlib.contextmanager
     def commits_around_execution(self, strategy, hooks):
@@ -522,7 +431,10 @@ class PeriodEngine:
         replicas = self.replicas
         first_step = gradients.read(self.state.local_step)
         for fragment in self.state.fragments:
-            replicas.in_a_step(strategy, lambda f=fragment: self._receive(f))
+            replicas.in_a_step(
+                strategy,
+                lambda f=fragment: f.receive(self.config, self.replicas),
+            )
         yield  # Steps traced inside end no period (`ending=()`).
         last_step = gradients.read(self.state.local_step)
         replicas.check(
@@ -569,7 +481,7 @@ class PeriodEngine:
 
     def _flush_in_flight(self, hooks):
         for fragment in self.state.fragments:
-            self._receive(fragment)
+            fragment.receive(self.config, self.replicas)
             self.replicas.run_if(
                 keras.ops.equal(fragment.phase, RECEIVED),
                 lambda f=fragment: self._apply_received(f, hooks),
@@ -581,7 +493,7 @@ class PeriodEngine:
         centers = self.replicas.for_each_replica(
             lambda: fragment.gather("center")
         )
-        self._mix(fragment, centers)
+        fragment.mix(self.config, self.replicas, centers)
 
     # Outside a step.
 

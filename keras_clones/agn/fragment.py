@@ -1,5 +1,7 @@
 """An `AGNOptimizer`'s fragments: each a slice of the weights that commits
-on its own, with its commit in flight, its phase and its outer rule.
+on its own, with its commit in flight, its phase and its outer rule; what
+a period's end reads of it and keeps, and with overlapped commits its
+send, receive and mix (the period engine, `engine.py`, calls them).
 
 Plain AGN is one fragment of whole variables, which the outer optimizer
 (a Keras optimizer) updates as it would the model's (`keras_outer`, or
@@ -18,6 +20,7 @@ import keras
 import numpy as np
 
 from keras_clones import gradients
+from keras_clones.agn import core
 
 NOTHING, SENT, RECEIVED = 0, 1, 2  # A fragment's in-flight phases.
 
@@ -202,3 +205,98 @@ class Fragment:
         centers by its outer rule, unless `applied` (a guard's verdict, a
         boolean scalar; None: always) is false."""
         self.rule.move(self, reduced, replicas, applied)
+
+    # What a period's end reads and keeps, as the core's values.
+
+    def period_state(self, config, commits=True):
+        """In a replica: the fragment's `core.State` as a period's end
+        reads it under `config`: what `core.commit` takes (unless not
+        `commits`: the step's gradients are the commit), and the residuals
+        where they feed back."""
+        state = self._commit_reads(config) if commits else core.State()
+        if config.quantized and config.error_feedback:
+            state = state._replace(residuals=self.gather("residual"))
+        return state
+
+    def _commit_reads(self, config):
+        """In a replica: the `core.State` that `core.commit` reads, by the
+        rule."""
+        if config.commit == "gradients":
+            return core.State(accumulators=self.gather("accumulator"))
+        if config.overlap:
+            return core.State(
+                weights=self.gather("variable"),
+                period_starts=self.gather("period_start"),
+            )
+        return core.State(
+            weights=self.gather("variable"), centers=self.gather("center")
+        )
+
+    def keep(self, state):
+        """In a replica: the fragment's accumulators (where a commit
+        restarted them) and residuals (with error feedback), as `state`
+        holds them after a period's end."""
+        if state.accumulators is not None:
+            self.assign_here("accumulator", state.accumulators)
+        if state.residuals is not None:
+            self.assign_here("residual", state.residuals)
+
+    # Overlapped commits: the fragment's send, receive and mix.
+
+    def send(self, config):
+        """In a replica: this worker's commit of the period by `config`'s
+        rule, as it travels, into its slots of the commit in flight."""
+        state, values = core.commit(config, self.period_state(config))
+        values, residuals = core.with_feedback(config, values, state.residuals)
+        self.assign_here("in_flight", values)
+        self.keep(state._replace(residuals=residuals))
+
+    def receive(self, config, replicas):
+        """Cross-replica: all-reduces the commit in flight in place, if only
+        sent."""
+
+        def receive():
+            replicas.for_each_replica(self._reduce_in_flight, config, replicas)
+            self.phase.assign(RECEIVED)
+
+        replicas.run_if(keras.ops.equal(self.phase, SENT), receive)
+
+    def _reduce_in_flight(self, config, replicas):
+        sent = self.gather("in_flight", read=replicas.read_own)
+        self.assign_here("in_flight", core.reduced(config, sent, replicas))
+
+    def mix(self, config, replicas, towards):
+        """Cross-replica: the local weights become `mixing * local + (1 -
+        mixing) * towards` (per replica: the look-ahead, or the centers;
+        then constrained); the period's start moves with them, so that the
+        commit is only what the local steps did."""
+
+        def mix_on_replica(towards):
+            local = self.gather("variable")
+            return local, core.mixed(config, local, towards)
+
+        before, mixed = replicas.for_each_replica(mix_on_replica, towards)
+        self.assign(replicas, "variable", mixed)
+        self._constrain(replicas)
+        if config.commit == "weight_change":
+
+            def moved_start(before):
+                starts = self.gather("period_start")
+                local = self.gather("variable")
+                return core.moved_starts(starts, local, before)
+
+            moved = replicas.for_each_replica(moved_start, before)
+            self.assign(replicas, "period_start", moved)
+
+    def _constrain(self, replicas):
+        """The constraints of the variables the fragment touches."""
+        variables = self.field("variable")
+        for index in self.part.touched():
+            variable = variables[index]
+            if variable.constraint is None:
+                continue
+            value = replicas.for_each_replica(
+                lambda v: v.constraint(gradients.read(v)),
+                variable,
+            )
+            replicas.assign(variable, value)
