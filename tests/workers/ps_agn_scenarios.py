@@ -241,6 +241,6 @@ def delayed_nesterov(strategy):
         results[name] = {
             **replays,
             "commits": len(commits.recorded()),
-            "rule": None if rule is None else rule.commits,
+            "rule": getattr(rule, "commits", None),  # Delayed Nesterov's.
         }
     return results
