@@ -1,7 +1,8 @@
 """AGN across JAX processes, launched as a user launches it
 (`python -m keras_clones.launch --workers 2` with KERAS_BACKEND=jax): each
 variant of tests_jax/workers/variants.py against AGN by hand
-(tests/reference), at `steps_per_execution` 1 and 3."""
+(tests/reference), at `steps_per_execution` 1 and (those of
+`variants.SCANNED`) 3, on workers of 2 devices each."""
 
 import ast
 import json
@@ -42,11 +43,15 @@ def compiled_programs_removed_at_the_end():
     shutil.rmtree(COMPILED, ignore_errors=True)
 
 
-def launch(*args, workers=2, timeout=240):
-    """The launcher on `args`, one CPU device per process (not the two
-    of tests_jax/conftest.py); its completed process."""
+def launch(*args, workers=2, devices=1, timeout=240):
+    """The launcher on `args`, `devices` CPU devices per process (by
+    default one, not the two of tests_jax/conftest.py); its completed
+    process."""
     env = dict(os.environ, KERAS_BACKEND="jax", **CACHE)
     env.pop("XLA_FLAGS", None)
+    if devices > 1:
+        flag = f"--xla_force_host_platform_device_count={devices}"
+        env["XLA_FLAGS"] = flag
     env["PYTHONPATH"] = os.pathsep.join(
         [str(WORKERS), python_path_with_tests()]
     )
@@ -57,12 +62,18 @@ def launch(*args, workers=2, timeout=240):
     )
 
 
+# The variants run on workers of 2 devices each (a process and its 2 CPU
+# devices): a worker's step is one device's on its rows together, so AGN by
+# hand is the same. The other launches keep one device per process.
+DEVICES = 2
+
+
 @pytest.fixture(scope="module")
 def variants_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("variants")
-    executions = ",".join(map(str, EXECUTIONS))
     script = WORKERS / "agn_variants.py"
-    result = launch(script, out, executions, *variants.VARIANTS)
+    names = [*variants.VARIANTS, "bn_uneven"]
+    result = launch(script, out, *names, devices=DEVICES)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     return out
 
@@ -88,9 +99,14 @@ def one_process_floor():
     return floor
 
 
-@pytest.mark.parametrize("steps_per_execution", EXECUTIONS)
+def trained(names):
+    """`(name, steps_per_execution)` of each of `names` as trained."""
+    return [(n, k) for n in names for k in variants.executions(n)]
+
+
 @pytest.mark.parametrize(
-    "name", sorted(set(variants.VARIANTS) - set(variants.QUANTIZED))
+    "name, steps_per_execution",
+    trained(sorted(set(variants.VARIANTS) - set(variants.QUANTIZED))),
 )
 def test_each_variant_across_two_processes_is_agn_by_hand(
     variants_out, one_process_floor, name, steps_per_execution
@@ -121,8 +137,9 @@ def test_each_variant_across_two_processes_is_agn_by_hand(
 GAINS = {"diloco_int8": 0.7 / (1 - 0.9), "contrib_int4_fragments": 1.0}
 
 
-@pytest.mark.parametrize("steps_per_execution", EXECUTIONS)
-@pytest.mark.parametrize("name", variants.QUANTIZED)
+@pytest.mark.parametrize(
+    "name, steps_per_execution", trained(variants.QUANTIZED)
+)
 def test_quantized_commits_across_processes_reduce_scattered_as_by_hand(
     variants_out, name, steps_per_execution
 ):
@@ -153,6 +170,29 @@ def test_quantized_commits_across_processes_reduce_scattered_as_by_hand(
     assert np.abs(first["center"] - plain.center).max() > 10 * drift
 
 
+@pytest.mark.parametrize("steps_per_execution", EXECUTIONS)
+def test_batch_normalization_on_a_worker_of_two_devices_is_one_devices_step(
+    variants_out, steps_per_execution
+):
+    # Batches of 7 rows over 2 devices: the moments of the worker's 7 rows
+    # (per device, moments of 4 and 3 rows would differ), no period ending.
+    saved = []
+    for process in range(2):
+        path = variants_out / f"bn_uneven.{steps_per_execution}.{process}.npz"
+        arrays = np.load(path)
+        arrays = [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
+        saved.append((arrays[: len(arrays) // 2], arrays[len(arrays) // 2 :]))
+    start = saved[0][0]  # Process 0's, which both train from.
+    for process, (_, end) in enumerate(saved):
+        expected = variants.batch_norm_on_one_device(
+            start, process, steps_per_execution
+        )
+        for got, want in zip(end, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+    # Each trained its own rows (a BatchNormalization's moving mean too).
+    assert not np.allclose(saved[0][1][4], saved[1][1][4], atol=1e-3)
+
+
 def test_the_logged_loss_is_the_mean_over_both_processes_batches(
     variants_out,
 ):
@@ -174,16 +214,42 @@ def test_a_nan_on_one_process_is_skipped_there_and_counted_on_both(
         assert [list(r["skipped"]) for r in results_of] == [[1.0], [1.0]]
 
 
-def collectives(text):
+def collectives(text, across=True):
     """The collectives of a compiled program's text, by computation:
-    `{computation's first line: [instruction lines]}`."""
+    `{computation's first line: [instruction lines]}`, those across workers
+    (`across`), or those inside a worker (its devices' only)."""
     found, computation = {}, None
     for line in text.splitlines():
         if line and not line.startswith((" ", "}")):
             computation = line
         elif re.search(r" (all-reduce|all-gather|all-to-all)(-start)?\(", line):
-            found.setdefault(computation, []).append(line)
+            if across != inside_a_worker(line):
+                found.setdefault(computation, []).append(line)
     return found
+
+
+def inside_a_worker(line):
+    """Whether a collective's groups each hold one worker's devices (the
+    mesh's ids, `DEVICES` a worker, in order)."""
+    explicit = re.search(
+        r"replica_groups=\{(\{[\d,]+\}(?:,\{[\d,]+\})*)\}", line
+    )
+    if explicit:
+        groups = [
+            [int(i) for i in group.split(",")]
+            for group in re.findall(r"\{([\d,]+)\}", explicit.group(1))
+        ]
+    else:  # XLA's iota form: [groups,size]<=[dims] (T(permutation)).
+        iota = re.search(
+            r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?",
+            line,
+        )
+        dims = [int(d) for d in iota.group(3).split(",")]
+        ids = np.arange(np.prod(dims)).reshape(dims)
+        if iota.group(4):
+            ids = ids.transpose([int(p) for p in iota.group(4).split(",")])
+        groups = ids.reshape(int(iota.group(1)), int(iota.group(2))).tolist()
+    return all(len({i // DEVICES for i in group}) == 1 for group in groups)
 
 
 # Per variant and steps per execution, the programs of steps fit made:
@@ -215,7 +281,13 @@ def test_steps_communicate_only_where_a_period_ends(
     programs = {ast.literal_eval(key): text for key, text in texts.items()}
     assert set(programs) == PROGRAMS[name, steps_per_execution]
     fragment_sizes = []
-    for (_, ending), text in programs.items():
+    for (kind, ending), text in programs.items():
+        # The worker's gradients, once per step (a scan's body once).
+        local = collectives(text, across=False)
+        local_reductions = [line for lines in local.values() for line in lines]
+        steps = 1 if kind == "step" or ending is None else 2
+        assert len(local_reductions) == steps
+        assert all(" all-reduce(" in line for line in local_reductions)
         found = collectives(text)
         lines = [line for lines in found.values() for line in lines]
         if ending == ():  # Its steps end no period: nothing travels.

@@ -1,13 +1,18 @@
-"""The processes of a JAX run as workers: a one-dimensional mesh of one
-device per process (axis `worker_axis.NAME`), and the programs that run
-on every process at once.
+"""The processes of a JAX run as workers: a mesh of (workers, devices),
+a row per process of all its local devices (axes `worker_axis.NAME` and
+`worker_axis.DEVICES`), and the programs that run on every process at
+once.
 
-A process's arrays take part in a program without a copy: an array of
-rank 1 or more as this process's block of a global array (the blocks on
-axis 0, `P(NAME)`), a scalar as a replicated global array (`P()`) whose
-every process holds its own value. Inside the program (`jax.shard_map`,
-its replication unchecked) each process sees its own arrays, and what it
-returns is unwrapped back into its own arrays.
+A process's arrays take part in a program without a copy between
+processes: an array of rank 1 or more as this process's block of a global
+array (the blocks on axis 0, `P(NAME)`), copied on each of its devices; a
+scalar as a replicated global array (`P()`) whose every process holds its
+own value. Inside the program (`jax.shard_map` manual over the workers
+only, its replication unchecked) each process sees its own arrays, laid
+out over its devices by XLA (GSPMD: a step's batch is split over them,
+`shard_rows`, so that a worker's step is one device's step on its whole
+batch, its gradients reduced over the worker's devices); what the
+program returns is unwrapped back into this process's own arrays.
 """
 
 import jax
@@ -20,18 +25,18 @@ from keras_clones.replicas import worker_axis
 
 
 class Workers:
-    """This run's processes, one device each (the first of each)."""
+    """This run's processes, each a worker of all its local devices."""
 
     def __init__(self):
         self.count = jax.process_count()
         self.index = jax.process_index()
-        firsts = {}
+        self.devices = sorted(jax.local_devices(), key=lambda d: d.id)
+        rows = {}
         for device in sorted(jax.devices(), key=lambda d: d.id):
-            firsts.setdefault(device.process_index, device)
-        self.device = jax.local_devices()[0]
+            rows.setdefault(device.process_index, []).append(device)
         self.mesh = Mesh(
-            np.array([firsts[p] for p in range(self.count)]),
-            (worker_axis.NAME,),
+            np.array([rows[p] for p in range(self.count)]),
+            (worker_axis.NAME, worker_axis.DEVICES),
         )
         self._broadcast = self.program(_from_chief, lambda specs: specs[0])
         self._gather = self.program(
@@ -53,15 +58,14 @@ class Workers:
         return PartitionSpec(worker_axis.NAME)
 
     def wrap(self, value):
-        """This process's array `value` as its part of a global one."""
-        value = jax.device_put(value, self.device)
-        shape = tuple(value.shape)
+        """This process's array `value` as its part of a global one (a copy
+        on each of its devices)."""
+        copies = [jax.device_put(value, d) for d in self.devices]
+        shape = tuple(copies[0].shape)
         if shape:
             shape = (shape[0] * self.count, *shape[1:])
-        sharding = NamedSharding(self.mesh, self.spec(value))
-        return jax.make_array_from_single_device_arrays(
-            shape, sharding, [value]
-        )
+        sharding = NamedSharding(self.mesh, self.spec(copies[0]))
+        return jax.make_array_from_single_device_arrays(shape, sharding, copies)
 
     def wrapped(self, value):
         """`value` as a global array: wrapped (`wrap`), unless it is one
@@ -72,7 +76,8 @@ class Workers:
 
     def wrap_data(self, batch):
         """This process's rows of a batch (a structure of arrays) as its
-        block of the global batch."""
+        block of the global batch (whole on each of its devices: a step
+        splits them, `shard_rows`, however many they are)."""
         sharding = NamedSharding(self.mesh, PartitionSpec(worker_axis.NAME))
         return jax.tree.map(
             lambda rows: jax.make_array_from_process_local_data(
@@ -82,11 +87,25 @@ class Workers:
         )
 
     def unwrap(self, value):
-        """This process's own array of a global array `value` (else
-        `value`, with one process the same)."""
+        """This process's own array of a global array `value` (its first
+        device's copy; else `value`, with one process the same)."""
         if not _spans_processes(value):
             return value  # One process's (with one, as global).
         return value.addressable_data(0)
+
+    def shard_rows(self, batch):
+        """Inside a program: this worker's batch (a structure of arrays)
+        split by rows over its devices (unevenly where they do not divide:
+        XLA pads inside)."""
+        if len(self.devices) == 1:
+            return batch
+        rows = PartitionSpec(worker_axis.DEVICES)
+        return jax.tree.map(
+            lambda a: (
+                jax.lax.with_sharding_constraint(a, rows) if np.ndim(a) else a
+            ),
+            batch,
+        )
 
     def program(self, fn, out_specs, donate=()):
         """`fn` as a `Program` on every process (see `Program`)."""
@@ -119,8 +138,9 @@ class Workers:
 
 
 class Program:
-    """`fn` compiled as one program on every process (`jax.shard_map` over
-    the workers' mesh), for arguments laid out as their values are
+    """`fn` compiled as one program on every process (`jax.shard_map`
+    manual over the workers' axis, automatic over each worker's devices),
+    for arguments laid out as their values are
     (`Workers.spec`), its results as `out_specs(in_specs)` (a structure of
     `PartitionSpec`s), the arguments at positions `donate` donated; traced
     once per layout of its arguments. Call it on global arrays."""
@@ -151,6 +171,7 @@ class Program:
                     mesh=workers.mesh,
                     in_specs=specs,
                     out_specs=self._out_specs(specs),
+                    axis_names={worker_axis.NAME},
                     check_vma=False,
                 ),
                 donate_argnums=self._donate,

@@ -132,7 +132,6 @@ def across_processes(model):
             "`keras.distribution.set_distribution("
             "keras.distribution.DataParallel())`."
         )
-    _check_one_device()
     if model.run_eagerly or not model.jit_compile:
         raise ValueError(
             "Across JAX processes an AGNOptimizer's steps run compiled, but "
@@ -150,20 +149,6 @@ def trains_across(model):
         return model.optimizer is not None and across_processes(model)
     except ValueError:
         return False
-
-
-def _check_one_device():
-    devices = jax.local_device_count()
-    if devices > 1:
-        raise ValueError(
-            "An AGNOptimizer across JAX processes (also under the launcher's "
-            "--workers 1) trains one worker per process on one device, but "
-            f"this process has {devices} devices. Start one process per "
-            "device (e.g. with CUDA_VISIBLE_DEVICES, or XLA_FLAGS without "
-            "--xla_force_host_platform_device_count); for one process on "
-            "several devices, use `keras.distribution.DataParallel` "
-            "without the launcher."
-        )
 
 
 class ProcessAgreement(keras.callbacks.Callback):

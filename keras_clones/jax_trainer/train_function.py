@@ -1,6 +1,8 @@
 """The train function of a model whose AGN steps run across JAX processes:
 Keras's own `train_step`, traced once inside `jax.shard_map` over the
-workers' mesh, and the program that makes each execution's logs global.
+workers' mesh (on a worker of several devices, its batch split over them:
+one device's step on the worker's batch), and the program that makes each
+execution's logs global.
 
 Each execution wraps the state Keras hands it as this process's part of
 global arrays (unless it is the last execution's, still wrapped), runs
@@ -53,7 +55,7 @@ def make(model, workers):
 
         def step(state, batch):
             with traced(ending):
-                return model.train_step(state, batch)
+                return model.train_step(state, workers.shard_rows(batch))
 
         return workers.program(step, specs, donate=(0,))
 
@@ -63,7 +65,7 @@ def make(model, workers):
         asks."""
 
         def one(state, batch):
-            logs, state = model.train_step(state, batch)
+            logs, state = model.train_step(state, workers.shard_rows(batch))
             return state, logs
 
         def steps(state, batches):
@@ -74,6 +76,7 @@ def make(model, workers):
             logs = jax.tree.map(lambda log: log[-1], logs)
             if ending is not None:
                 with traced(ending):
+                    last = workers.shard_rows(last)
                     logs, state = model.train_step(state, last)
             return logs, state
 

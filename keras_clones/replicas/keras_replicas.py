@@ -4,7 +4,8 @@ replicates AGN's state and gives the step the global batch's gradients),
 a step is one replica's: every part runs where it is called and a
 reduction is the value itself. In a step traced across JAX processes each
 worker is a group of devices along the workers' axis (`worker_axis`;
-today one device per process), and reductions run over that axis."""
+today a process and its local devices), and reductions run over that
+axis."""
 
 import contextlib
 

@@ -1,7 +1,8 @@
 """The workers' axis of a step traced across JAX processes: the one place
 where a traced step asks "am I one of several workers?" and reduces over
-them. A worker is a group of devices along the mesh axis `NAME`; today
-one device per process.
+them. A worker is a group of devices along the mesh axis `NAME` (a
+process's local devices, along `DEVICES`, over which XLA lays out its
+step).
 
 `keras_clones.jax_trainer.train_function` traces Keras's own `train_step`
 inside `jax.shard_map` over the workers' mesh
@@ -17,6 +18,7 @@ milliseconds per operand of a tuple all-reduce.
 import contextlib
 
 NAME = "workers"
+DEVICES = "devices"  # A worker's devices, the mesh's second axis.
 _COUNTS = []  # The workers of the steps being traced, innermost last.
 
 
@@ -46,16 +48,31 @@ def workers_in_run():
 
 def mean(values):
     """Each of `values` (arrays) averaged over the workers."""
-    from jax import lax
-
-    return _flat_per_dtype(values, lambda flat: lax.pmean(flat, NAME))
+    return _flat_per_dtype(values, lambda flat: _summed(flat) / workers())
 
 
 def total(values):
     """Each of `values` (arrays) summed over the workers."""
+    return _flat_per_dtype(values, _summed)
+
+
+def _summed(flat):
+    """`flat` summed over the workers. On CPU a 16-bit float is summed in
+    float32 and rounded back, as XLA's CPU promotes it anyway (its pass
+    fails on an all-reduce of a program manual over the workers only,
+    "Invalid binary instruction opcode copy", jax 0.10.2)."""
+    import jax
+    import jax.numpy as jnp
     from jax import lax
 
-    return _flat_per_dtype(values, lambda flat: lax.psum(flat, NAME))
+    promoted = (
+        jax.default_backend() == "cpu"
+        and jnp.issubdtype(flat.dtype, jnp.floating)
+        and flat.dtype.itemsize == 2
+    )
+    if promoted:
+        return lax.psum(flat.astype(jnp.float32), NAME).astype(flat.dtype)
+    return lax.psum(flat, NAME)
 
 
 def gather(value):

@@ -3,9 +3,10 @@
 fitting its own rows. tests_jax/test_agn_across_processes.py launches it
 on 2 processes and checks each against AGN by hand (tests/reference).
 
-`agn_variants.py OUT K,... NAME...`: each variant NAME of
-`variants.VARIANTS` at each `steps_per_execution` K in turn; each process
-writes `OUT/NAME.K.PROCESS.npz`.
+`agn_variants.py OUT NAME...`: each variant NAME of `variants.VARIANTS`
+(or "bn_uneven") at each of its `steps_per_execution` K
+(`variants.executions`), the Ks in turn; each process writes
+`OUT/NAME.K.PROCESS.npz`.
 """
 
 import json
@@ -34,13 +35,16 @@ class WeightsAtStart(keras.callbacks.Callback):
 
 
 def main():
-    out, executions, names = sys.argv[1], sys.argv[2], sys.argv[3:]
-    for steps_per_execution in map(int, executions.split(",")):
+    out, names = sys.argv[1], sys.argv[2:]
+    for steps_per_execution in (1, 3):
         for name in names:
-            run(out, name, steps_per_execution)
+            if steps_per_execution in variants.executions(name):
+                run(out, name, steps_per_execution)
 
 
 def run(out, name, steps_per_execution):
+    if name == "bn_uneven":
+        return run_batch_norm(out, steps_per_execution)
     process = jax.process_index()
     options, inner, _, outer, _ = variants.VARIANTS[name]
     x, y = variants.data(process, nan="nan" in name)
@@ -86,6 +90,40 @@ def run(out, name, steps_per_execution):
         with open(f"{out}/{name}.steps.{steps_per_execution}.json", "w") as f:
             json.dump(texts, f)
     print(f"variant {name} at {steps_per_execution} done", flush=True)
+
+
+def run_batch_norm(out, steps_per_execution):
+    """`variants.batch_norm_model` on batches of 7 rows, with a period no
+    step ends: each process's start and end weights (all of them)."""
+    import warnings
+
+    from keras_clones import AGNOptimizer
+
+    process = jax.process_index()
+    x, y = variants.data(process)
+    model = variants.batch_norm_model(seed=process)
+    model.compile(
+        AGNOptimizer(keras.optimizers.SGD(0.1), 1000),
+        "mse",
+        steps_per_execution=steps_per_execution,
+    )
+    start = WeightsAtStart()  # Process 0's, on every process.
+    with warnings.catch_warnings():  # Its steps are not committed: known.
+        warnings.simplefilter("ignore")
+        model.fit(
+            x,
+            y,
+            batch_size=variants.BN_ROWS,
+            shuffle=False,
+            verbose=0,
+            callbacks=[start],
+        )
+    np.savez(
+        f"{out}/bn_uneven.{steps_per_execution}.{process}.npz",
+        *start.weights,
+        *model.get_weights(),
+    )
+    print(f"variant bn_uneven at {steps_per_execution} done", flush=True)
 
 
 def keras_clones_agn(inner, outer, options):

@@ -48,6 +48,26 @@ QUANTIZED = ("diloco_int8", "contrib_int4_fragments")
 VARIANTS["diloco_lazy"] = RULES["diloco"]  # A subclassed model built late.
 
 
+# The variants also trained at 3 steps per execution (the steps of an
+# execution in one program: a scan, its last step apart where it ends a
+# period): each schedule of periods and commits once; the others' rules
+# differ only in what the period commits, the same at any number.
+SCANNED = (
+    "contrib",
+    "diloco",
+    "diloco_fragments_overlap",
+    "contrib_fragments",
+    "contrib_nan",
+    "contrib_int4_fragments",
+    "bn_uneven",
+)
+
+
+def executions(name):
+    """The `steps_per_execution` variant `name` is trained at."""
+    return (1, 3) if name in SCANNED else (1,)
+
+
 def data(process, nan=False):
     """Process `process`'s own rows; with `nan`, process 1's batch
     `NAN_BATCH` a nan."""
@@ -80,6 +100,41 @@ def mlp(seed, lazy=False):
             keras.layers.Dense(2),
         ]
     )
+
+
+# A model with BatchNormalization, its batches of 7 rows uneven over a
+# worker's 2 devices, and a period no step ends: each process trains as
+# one device on its own rows (bn_uneven).
+BN_ROWS = 7
+
+
+def batch_norm_model(seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(4),
+            keras.layers.BatchNormalization(momentum=0.5),
+            keras.layers.Activation("tanh"),
+            keras.layers.Dense(2),
+        ]
+    )
+
+
+def batch_norm_on_one_device(start, process, steps_per_execution):
+    """The weights `batch_norm_model` ends with trained by plain SGD in one
+    process on one device on process `process`'s rows, from the weights
+    `start`: what its worker of several devices trains locally."""
+    x, y = data(process)
+    model = batch_norm_model(0)
+    model.set_weights(start)
+    model.compile(
+        keras.optimizers.SGD(0.1),
+        "mse",
+        steps_per_execution=steps_per_execution,
+    )
+    model.fit(x, y, batch_size=BN_ROWS, shuffle=False, verbose=0)
+    return model.get_weights()
 
 
 def _like():
