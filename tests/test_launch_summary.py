@@ -413,6 +413,9 @@ def test_the_summary_names_first_the_process_whose_error_came_first(capsys):
         "jax.errors.JaxRuntimeError: UNKNOWN: Gloo AllGather failed: "
         "[external/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by "
         "peer [127.0.0.1]:22225",
+        "ValueError: UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/"
+        "transport/tcp/pair.cc:538] Read error [127.0.0.1]:15040: "
+        "Connection reset by peer",
         "E0000 00:00:1.0 1 client.cc:1] JAX distributed service detected "
         "fatal errors. This most likely indicates that another task died",
         "RuntimeError: keras_clones: JAX process 1 failed (see its error), "

@@ -43,6 +43,7 @@ Keras's `JAXTrainer`; each calls Keras's own where it does not act.
 
 import inspect
 import os
+import sys
 import weakref
 
 import jax
@@ -343,12 +344,24 @@ def jax_state_sync(keras_sync, model):
     if state and model in _ACROSS:
         own = workers()
         if own is not None:
+            if any(_deleted(a) for v in state.values() for a in v):
+                # The execution it was donated to failed, and `fit`'s
+                # `finally` syncs it: that failure (a peer's end) is the
+                # error to raise, not the deleted arrays'.
+                raise sys.exc_info()[1] or RuntimeError(
+                    "keras_clones: the state of the last execution was "
+                    "lost with it."
+                )
             internals.set_jax_state(
                 model,
                 # Lists of arrays (Keras tracks them: no pytrees).
                 {k: [own.unwrap(a) for a in v] for k, v in state.items()},
             )
     return keras_sync(model)
+
+
+def _deleted(value):
+    return isinstance(value, jax.Array) and value.is_deleted()
 
 
 def make_train_function(keras_make, model, force=False):

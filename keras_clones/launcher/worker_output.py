@@ -82,7 +82,7 @@ _HINTS = (
 # collective with a dead peer, JAX's coordination service with a dead
 # host, keras_clones's own word (`jax_processes.exits.CONSEQUENCE`).
 _CONSEQUENCE = re.compile(
-    r".*(?:Gloo.*Connection closed by peer"
+    r".*(?:Gloo.*Connection (?:closed|reset) by peer"
     r"|JAX distributed service detected fatal errors"
     r"|keras_clones: JAX process \d+ (?:failed|ended))"
 )
