@@ -3,7 +3,8 @@ against `keras.distribution.DataParallel` across the same processes.
 
 `fit` steps/s of `bench/multiworker.py`'s task on 2 local processes: AGN(10)
 and DataParallel on Keras's JAX backend, AGN(10) on 2 TensorFlow workers,
-each at 1 and 10 steps per execution. What and how:
+each at 1 and 10 steps per execution; AGN(10) at 10 on 2 processes of 2
+devices each (the same per-process batch). What and how:
 docs/benchmarks/workers.md#jax_processes.
 
     python bench/jax_processes.py [--quick] [--repeats R] [--steps S]
@@ -34,16 +35,18 @@ FLAGS = multiworker.FLAGS[:3] + [
 ]
 
 JAX_AGN, JAX_AGN_X = "JAX AGN(10) 2p", "JAX AGN(10) 2p x10"
+JAX_AGN_2D_X = "JAX AGN(10) 2p of 2 devices x10"
 JAX_DP, JAX_DP_X = "JAX DataParallel 2p", "JAX DataParallel 2p x10"
 TF_AGN, TF_AGN_X = "TF AGN(10) 2w", "TF AGN(10) 2w x10"
-# name: (side, JAX worker kind, steps per execution)
+# name: (side, JAX worker kind, steps per execution, devices per process)
 VARIANTS = {
-    JAX_AGN: ("jax", "agn", 1),
-    JAX_AGN_X: ("jax", "agn", 10),
-    JAX_DP: ("jax", "data_parallel", 1),
-    JAX_DP_X: ("jax", "data_parallel", 10),
-    TF_AGN: ("tf", None, 1),
-    TF_AGN_X: ("tf", None, 10),
+    JAX_AGN: ("jax", "agn", 1, 1),
+    JAX_AGN_X: ("jax", "agn", 10, 1),
+    JAX_AGN_2D_X: ("jax", "agn", 10, 2),
+    JAX_DP: ("jax", "data_parallel", 1, 1),
+    JAX_DP_X: ("jax", "data_parallel", 10, 1),
+    TF_AGN: ("tf", None, 1, 1),
+    TF_AGN_X: ("tf", None, 10, 1),
 }
 RATIOS = [
     (JAX_AGN, TF_AGN, 1.5),
@@ -51,6 +54,9 @@ RATIOS = [
     (JAX_AGN, JAX_DP, None),
     (JAX_AGN_X, JAX_DP_X, None),
     (JAX_AGN_X, JAX_AGN, None),
+    # A worker of 2 devices (host devices here, sharing the 2 cores: the
+    # step's split and its local all-reduce cost, no speed to gain).
+    (JAX_AGN_2D_X, JAX_AGN_X, None),
 ]
 
 
@@ -108,9 +114,12 @@ def measure(args):
     args.evaluate = False  # For `multiworker.throughput_table`.
 
     def launch(name, repeat):
-        side, kind, execution = VARIANTS[name]
+        side, kind, execution, devices = VARIANTS[name]
         env = dict(os.environ)
-        env.pop("XLA_FLAGS", None)  # One device per process.
+        env.pop("XLA_FLAGS", None)  # One device per process, or:
+        if devices > 1:
+            flag = f"--xla_force_host_platform_device_count={devices}"
+            env["XLA_FLAGS"] = flag
         env["KERAS_BACKEND"] = "jax" if side == "jax" else "tensorflow"
         steps = dict(steps=args.steps, epochs=args.epochs, execution=execution)
         if side == "jax":
