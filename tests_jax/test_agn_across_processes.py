@@ -528,10 +528,17 @@ def resumed(out, processes):
 
 @pytest.fixture(scope="module")
 def interrupted_backup(tmp_path_factory):
-    """The backup of a DiLoCo run on 2 processes interrupted after its
-    first epoch (6 steps: mid-period)."""
+    """The backup of a DiLoCo run on 2 processes of 2 devices each
+    interrupted after its first epoch (6 steps: mid-period), resumed on
+    processes of one device."""
     root = tmp_path_factory.mktemp("interrupted")
-    result = launch(WORKERS / "resume.py", root, root / "backup", "interrupted")
+    result = launch(
+        WORKERS / "resume.py",
+        root,
+        root / "backup",
+        "interrupted",
+        devices=DEVICES,
+    )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     return root / "backup"
 
@@ -570,6 +577,8 @@ def test_a_backup_made_on_two_processes_resumes_on_another_number(
 def test_a_killed_process_is_restarted_and_the_run_ends_as_uninterrupted(
     tmp_path,
 ):
+    # On workers of 2 devices each: the restarted run and the uninterrupted
+    # one end bit for bit alike.
     killed, uninterrupted = tmp_path / "killed", tmp_path / "uninterrupted"
     killed.mkdir(), uninterrupted.mkdir()
     result = launch(
@@ -579,6 +588,7 @@ def test_a_killed_process_is_restarted_and_the_run_ends_as_uninterrupted(
         killed,
         killed / "b",
         "killed",
+        devices=DEVICES,
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     said = re.search(
@@ -589,7 +599,11 @@ def test_a_killed_process_is_restarted_and_the_run_ends_as_uninterrupted(
     assert said and float(said.group(1)) < 60, result.stderr
     assert "resumed from the backup" in result.stdout
     result = launch(
-        WORKERS / "resume.py", uninterrupted, uninterrupted / "b", "resumed"
+        WORKERS / "resume.py",
+        uninterrupted,
+        uninterrupted / "b",
+        "resumed",
+        devices=DEVICES,
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     for got, want in zip(resumed(killed, 2), resumed(uninterrupted, 2)):
