@@ -116,9 +116,11 @@ def across_processes(model):
         if agn is not None and several:
             raise ValueError(
                 "An AGNOptimizer trains across JAX processes by itself (each "
-                "process takes its own local steps), so it cannot also run "
+                "process takes its own local steps, over all its local "
+                "devices, the batch split over them), so it cannot also run "
                 f"under a `keras.distribution` ({distribution!r}). Remove "
-                "`keras.distribution.set_distribution(...)`, or use the "
+                "`keras.distribution.set_distribution(...)`: a process of "
+                "several devices is one worker of them all. Or use the "
                 "inner optimizer alone under the distribution."
             )
         return False
