@@ -529,8 +529,7 @@ def resumed(out, processes):
 @pytest.fixture(scope="module")
 def interrupted_backup(tmp_path_factory):
     """The backup of a DiLoCo run on 2 processes of 2 devices each
-    interrupted after its first epoch (6 steps: mid-period), resumed on
-    processes of one device."""
+    interrupted after its first epoch (6 steps: mid-period)."""
     root = tmp_path_factory.mktemp("interrupted")
     result = launch(
         WORKERS / "resume.py",
@@ -543,14 +542,20 @@ def interrupted_backup(tmp_path_factory):
     return root / "backup"
 
 
-@pytest.mark.parametrize("processes", [1, 3])
+@pytest.mark.parametrize("processes, devices", [(1, 2), (3, 1)])
 def test_a_backup_made_on_two_processes_resumes_on_another_number(
-    interrupted_backup, tmp_path, processes
+    interrupted_backup, tmp_path, processes, devices
 ):
+    # Made on 2 workers of 2 devices; resumed on 1 of 2 and on 3 of 1.
     backup = tmp_path / "backup"
     shutil.copytree(interrupted_backup, backup)
     result = launch(
-        WORKERS / "resume.py", tmp_path, backup, "resumed", workers=processes
+        WORKERS / "resume.py",
+        tmp_path,
+        backup,
+        "resumed",
+        workers=processes,
+        devices=devices,
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     assert f"made on 2 workers, resumed on {processes}: " in result.stdout
