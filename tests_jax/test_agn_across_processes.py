@@ -24,9 +24,6 @@ sys.path.insert(0, str(WORKERS))
 
 import variants  # noqa: E402
 
-EXECUTIONS = (1, 3)
-
-
 # The launched processes' compiled programs, shared by this module's
 # launches (the same steps recur: 28 s instead of 33 s for the variants).
 COMPILED = tempfile.mkdtemp(prefix="keras_clones_tests_jax_")
@@ -170,7 +167,9 @@ def test_quantized_commits_across_processes_reduce_scattered_as_by_hand(
     assert np.abs(first["center"] - plain.center).max() > 10 * drift
 
 
-@pytest.mark.parametrize("steps_per_execution", EXECUTIONS)
+@pytest.mark.parametrize(
+    "steps_per_execution", variants.executions("bn_uneven")
+)
 def test_batch_normalization_on_a_worker_of_two_devices_is_one_devices_step(
     variants_out, steps_per_execution
 ):
@@ -196,7 +195,7 @@ def test_batch_normalization_on_a_worker_of_two_devices_is_one_devices_step(
 def test_the_logged_loss_is_the_mean_over_both_processes_batches(
     variants_out,
 ):
-    for steps_per_execution in EXECUTIONS:
+    for steps_per_execution in variants.executions("contrib"):
         first, _ = results(variants_out, "contrib", steps_per_execution)
         by_hand = variants.by_hand("contrib", first["start"])
         np.testing.assert_allclose(
@@ -209,7 +208,7 @@ def test_the_logged_loss_is_the_mean_over_both_processes_batches(
 def test_a_nan_on_one_process_is_skipped_there_and_counted_on_both(
     variants_out,
 ):
-    for steps_per_execution in EXECUTIONS:
+    for steps_per_execution in variants.executions("contrib_nan"):
         results_of = results(variants_out, "contrib_nan", steps_per_execution)
         assert [list(r["skipped"]) for r in results_of] == [[1.0], [1.0]]
 
@@ -267,11 +266,16 @@ PROGRAMS = {
 }
 
 
-@pytest.mark.parametrize("steps_per_execution", EXECUTIONS)
 @pytest.mark.parametrize(
-    "name, reductions, gathers",
-    [("contrib_fragments", 1, 0), ("contrib_nan", 1, 1)],
-    ids=["a flat all-reduce per fragment", "and a skip gather with a guard"],
+    "name, reductions, gathers, steps_per_execution",
+    [
+        pytest.param(name, reductions, gathers, k, id=f"{what}-{k}")
+        for name, reductions, gathers, what in (
+            ("contrib_fragments", 1, 0, "a flat all-reduce per fragment"),
+            ("contrib_nan", 1, 1, "and a skip gather with a guard"),
+        )
+        for k in variants.executions(name)
+    ],
 )
 def test_steps_communicate_only_where_a_period_ends(
     variants_out, name, reductions, gathers, steps_per_execution
