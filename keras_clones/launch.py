@@ -7,6 +7,8 @@ forever once a worker has failed: the others get a grace period, then are
 stopped, and a summary names the failed workers with their error lines.
 With `--max-restarts K` it starts every worker again after a failure, at
 most K times, and each resumes from its `BackupAndRestore`.
+On JAX, `--processes-per-worker G` starts N·G processes, each G consecutive
+ones a worker that trains synchronously (a node run as a process per GPU).
 With `--ps N` (parameter-server training) the script runs once, as the
 coordinator, beside N parameter servers and the workers' servers
 (`[coordinator]`, `[ps j]`, `[worker i]`); a worker that dies is reported
@@ -34,8 +36,9 @@ KERAS_DISTRIBUTION_* variables). When a worker fails, the others get
 --grace-period seconds to exit, then are stopped, and a summary on stderr
 names each failed worker with its error line. With --ps N the script runs
 once, as the coordinator, beside N parameter servers and the workers'
-servers. The summary, restarts, parameter servers and clusters:
-docs/launcher.md.
+servers. On JAX, --processes-per-worker G starts WORKERS x G processes,
+each G consecutive ones a worker. The summary, restarts, parameter servers
+and clusters: docs/launcher.md.
 """
 
 
@@ -49,6 +52,7 @@ def launch(
     max_restarts=0,
     min_workers=None,
     verbose=False,
+    processes_per_worker=1,
 ):
     """Runs `script` as `workers` local workers and returns the exit code.
 
@@ -110,6 +114,13 @@ def launch(
         verbose: Whether the workers' TensorFlow and absl log lines below
             errors (and the cuInit error of a machine without CUDA) are
             printed too; by default they are left out.
+        processes_per_worker: On JAX, how many processes make one worker:
+            `workers * processes_per_worker` processes start, processes
+            `k * G ... k * G + G - 1` (G = `processes_per_worker`) are
+            worker k and train synchronously, AGN across the workers. Each
+            process gets `KERAS_CLONES_PROCESSES_PER_WORKER=G`; the output
+            and the summary then name processes (`[process 3]`, "process 3
+            (worker 1)"), and `min_workers` leaves out a whole worker.
 
     With `max_restarts`, a summary line also tells each restart: which
     worker failed and how, and how long after its death training went on
@@ -141,21 +152,13 @@ def launch(
             "`grace_period` must be non-negative. "
             f"Received: grace_period={grace_period!r}."
         )
-    check_runnable(script, workers)
+    processes_per_worker = check_processes_per_worker(processes_per_worker, ps)
+    check_runnable(script, workers * processes_per_worker)
     if not os.path.isfile(script):
         raise FileNotFoundError(f"No such script: {script!r}.")
     if ps < 0:
         raise ValueError(f"`ps` must be non-negative. Received: ps={ps!r}.")
-    if (
-        isinstance(max_restarts, bool)
-        or not isinstance(max_restarts, numbers.Integral)
-        or max_restarts < 0
-    ):
-        raise ValueError(
-            "`max_restarts` must be a non-negative integer. "
-            f"Received: max_restarts={max_restarts!r}."
-        )
-    max_restarts = int(max_restarts)
+    max_restarts = _integer("max_restarts", max_restarts, 0, "a non-negative")
     check_min_workers(min_workers, workers, max_restarts, ps)
     if restart_workers and max_restarts:
         raise ValueError(
@@ -188,8 +191,49 @@ def launch(
             "again after one fails."
         )
     return run_workers(
-        script, args, workers, grace_period, max_restarts, min_workers, verbose
+        script,
+        args,
+        workers,
+        grace_period,
+        max_restarts,
+        min_workers,
+        verbose,
+        processes_per_worker,
     )
+
+
+def _integer(name, value, least, kind):
+    """`value` (argument `name`) as a Python integer, refused unless it is
+    an integer (not a bool) of at least `least` (`kind`: "a positive")."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value < least
+    ):
+        raise ValueError(
+            f"`{name}` must be {kind} integer. Received: {name}={value!r}."
+        )
+    return int(value)
+
+
+def check_processes_per_worker(processes_per_worker, ps):
+    """`processes_per_worker` as a Python integer; refused where it is not
+    a positive integer, or above 1 where a worker is one process
+    (TensorFlow, parameter servers)."""
+    processes_per_worker = _integer(
+        "processes_per_worker", processes_per_worker, 1, "a positive"
+    )
+    if processes_per_worker > 1 and (keras_backend() != "jax" or ps):
+        raise ValueError(
+            "A worker of several processes (`processes_per_worker="
+            f"{processes_per_worker}`) trains on Keras's JAX backend without "
+            "parameter servers, but the workers would run on "
+            f"{keras_backend()!r}{' with `ps`' if ps else ''}. On TensorFlow "
+            "a worker is one process: use a `CloneModel` "
+            "(`DeploymentConfig(num_clones=...)`) for its devices, or set "
+            "KERAS_BACKEND=jax."
+        )
+    return processes_per_worker
 
 
 # The backends the launcher starts workers on.
@@ -255,6 +299,16 @@ def main(argv=None):
         type=int,
         default=2,
         help="number of workers (default: 2)",
+    )
+    parser.add_argument(
+        "--processes-per-worker",
+        type=int,
+        default=1,
+        metavar="G",
+        help=(
+            "on JAX: start WORKERS x G processes, each G consecutive ones a "
+            "worker that trains synchronously (default: 1)"
+        ),
     )
     parser.add_argument(
         "--grace-period",
@@ -328,8 +382,16 @@ def main(argv=None):
         )
     if not os.path.exists(options.script):
         parser.error(f"no such script: {options.script}")
+    if options.processes_per_worker < 1:
+        parser.error(
+            "--processes-per-worker must be at least 1, got "
+            f"{options.processes_per_worker}"
+        )
     try:
-        check_runnable(options.script, options.workers)
+        check_processes_per_worker(options.processes_per_worker, options.ps)
+        check_runnable(
+            options.script, options.workers * options.processes_per_worker
+        )
     except ValueError as e:
         parser.error(str(e))
     if options.ps < 0:
@@ -377,6 +439,7 @@ def main(argv=None):
         max_restarts=options.max_restarts,
         min_workers=options.min_workers,
         verbose=options.verbose,
+        processes_per_worker=options.processes_per_worker,
     )
 
 

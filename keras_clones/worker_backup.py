@@ -119,6 +119,9 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
 
     # Whether this worker writes Keras's backup (to `directory`).
     writes_keras_backup = True
+    # Whether this process writes its worker's own state (a worker's other
+    # processes hold the same).
+    writes_own_state = True
 
     def __init__(
         self, callback, directory, worker, workers, is_chief, global_batch=None
@@ -177,7 +180,8 @@ class BackupWithWorkerState(keras.callbacks.BackupAndRestore):
         # Before Keras's save: the chief's backup never runs ahead of a
         # worker's (`after_own_state`).
         step = int(self.model.optimizer.iterations.numpy())
-        self._write_own(step)
+        if self.writes_own_state:
+            self._write_own(step)
         self.after_own_state()
         if self.is_chief:
             mark = {"workers": self.workers, "global_batch": self.global_batch}

@@ -150,6 +150,10 @@ def test_a_worker_that_ignores_sigterm_is_killed(tmp_path, capsys, monkeypatch):
         (["--restart-workers", "{script}"], "--restart-workers needs --ps"),
         (["--max-restarts", "-1", "{script}"], "--max-restarts must be non"),
         (
+            ["--processes-per-worker", "0", "{script}"],
+            "--processes-per-worker must be at least 1",
+        ),
+        (
             [
                 "--ps",
                 "1",
@@ -231,6 +235,31 @@ def test_launch_checks_its_arguments(tmp_path):
     for wrong in (-1, 1.5):
         with pytest.raises(ValueError, match="`max_restarts` must be a non"):
             launch(script, max_restarts=wrong)
+
+
+def test_a_worker_of_several_processes_is_refused_where_a_worker_is_one(
+    tmp_path, capsys, monkeypatch
+):
+    script = write_script(tmp_path, "")
+    for wrong in (0, 1.5, True):
+        with pytest.raises(ValueError, match="must be a positive integer"):
+            launch(script, processes_per_worker=wrong)
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    message = (
+        "A worker of several processes (`processes_per_worker=2`) trains on "
+        "Keras's JAX backend without parameter servers, but the workers "
+        "would run on 'tensorflow'. On TensorFlow a worker is one process: "
+        "use a `CloneModel`"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        launch(script, processes_per_worker=2)
+    with pytest.raises(SystemExit) as raised:
+        main(["--processes-per-worker", "2", script])
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    with pytest.raises(ValueError, match="without parameter servers, but"):
+        launch(script, ps=1, processes_per_worker=2)
 
 
 def test_launch_takes_numpy_integers_as_python_integers(tmp_path):

@@ -434,3 +434,18 @@ def test_a_process_ended_by_another_ones_failure_is_named_after_it(
     lines = summary(capsys.readouterr().err)
     assert lines[0].startswith("worker 1 (the first to fail) was killed by")
     assert lines[1].startswith("worker 0 exited with code 1")
+
+
+def test_processes_of_workers_of_several_are_named_with_their_worker(capsys):
+    # `--processes-per-worker 2`: process 3 is worker 1's second.
+    cause = fed(["Traceback (most recent call last):", "ValueError: bad"])
+    silent = fed([])
+    processes.summarize(
+        [(3, 1), (0, -9)], {3: cause, 0: silent}, threading.Lock(), 2
+    )
+    assert summary(capsys.readouterr().err) == [
+        "process 3 (worker 1) (the first to fail) exited with code 1: "
+        "ValueError: bad",
+        "process 0 (worker 0) was killed by SIGKILL; it printed no Python "
+        "traceback or error line (see its [process 0] lines above)",
+    ]

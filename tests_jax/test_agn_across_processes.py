@@ -2,61 +2,29 @@
 (`python -m keras_clones.launch --workers 2` with KERAS_BACKEND=jax): each
 variant of tests_jax/workers/variants.py against AGN by hand
 (tests/reference), at `steps_per_execution` 1 and (those of
-`variants.SCANNED`) 3, on workers of 2 devices each."""
+`variants.SCANNED`) 3, on workers of 2 devices each, and on workers of 2
+processes; what `fit` does across processes. Backups and restarts:
+test_backups_across_processes.py."""
 
 import ast
 import json
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 
+import launching
 import numpy as np
 import pytest
-from helpers import python_path_with_tests
 from helpers import recording_quanta
+from launching import WORKERS
 
-WORKERS = pathlib.Path(__file__).parent / "workers"
 sys.path.insert(0, str(WORKERS))
 
 import variants  # noqa: E402
 
-# The launched processes' compiled programs, shared by this module's
-# launches (the same steps recur: 28 s instead of 33 s for the variants).
-COMPILED = tempfile.mkdtemp(prefix="keras_clones_tests_jax_")
-CACHE = {
-    "JAX_COMPILATION_CACHE_DIR": COMPILED,
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compiled_programs_removed_at_the_end():
-    yield
-    shutil.rmtree(COMPILED, ignore_errors=True)
-
-
-def launch(*args, workers=2, devices=1, timeout=240):
-    """The launcher on `args`, `devices` CPU devices per process (by
-    default one, not the two of tests_jax/conftest.py); its completed
-    process."""
-    env = dict(os.environ, KERAS_BACKEND="jax", **CACHE)
-    env.pop("XLA_FLAGS", None)
-    if devices > 1:
-        flag = f"--xla_force_host_platform_device_count={devices}"
-        env["XLA_FLAGS"] = flag
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(WORKERS), python_path_with_tests()]
-    )
-    command = [sys.executable, "-m", "keras_clones.launch"]
-    command += ["--workers", str(workers), *map(str, args)]
-    return subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=timeout
-    )
+launch, compiled_programs_removed = launching.module_launcher()
 
 
 # The variants run on workers of 2 devices each (a process and its 2 CPU
@@ -184,12 +152,91 @@ def test_batch_normalization_on_a_worker_of_two_devices_is_one_devices_step(
     start = saved[0][0]  # Process 0's, which both train from.
     for process, (_, end) in enumerate(saved):
         expected = variants.batch_norm_on_one_device(
-            start, process, steps_per_execution
+            start, [process], steps_per_execution
         )
         for got, want in zip(end, expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
     # Each trained its own rows (a BatchNormalization's moving mean too).
     assert not np.allclose(saved[0][1][4], saved[1][1][4], atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def workers_of_two_processes(tmp_path_factory):
+    """DiLoCo and the BatchNormalization model on 4 processes of one device
+    each, as 2 workers of 2 processes (`--processes-per-worker 2`)."""
+    out = tmp_path_factory.mktemp("workers_of_two_processes")
+    script = WORKERS / "agn_variants.py"
+    result = launch(
+        "--processes-per-worker", 2, script, out, "diloco", "bn_uneven"
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
+    return out, result
+
+
+@pytest.mark.parametrize("steps_per_execution", variants.executions("diloco"))
+def test_two_workers_of_two_processes_are_agn_by_hand_on_their_rows_together(
+    workers_of_two_processes, one_process_floor, steps_per_execution
+):
+    out, _ = workers_of_two_processes
+    got = [
+        np.load(out / f"diloco.{steps_per_execution}.{p}.npz") for p in range(4)
+    ]
+    # Each process started from its own weights; process 0's were taken.
+    assert not np.allclose(got[0]["start"], got[1]["start"])
+    by_hand = variants.by_hand(
+        "diloco", got[0]["start"], processes_per_worker=2
+    )
+    atol = max(2e-6, 2 * one_process_floor("diloco"))
+    for process, arrays in enumerate(got):
+        worker = process // 2
+        np.testing.assert_allclose(
+            arrays["local"], by_hand.local[worker], rtol=0, atol=atol
+        )
+        np.testing.assert_allclose(
+            arrays["center"], by_hand.center, rtol=0, atol=atol
+        )
+        assert int(arrays["rounds"]) == by_hand.rounds
+    # A worker's processes hold one model, bit for bit.
+    np.testing.assert_array_equal(got[0]["local"], got[1]["local"])
+    np.testing.assert_array_equal(got[2]["local"], got[3]["local"])
+    # Not the workers of one process each (on their own rows).
+    alone = variants.by_hand("diloco", got[0]["start"], workers=2)
+    assert np.abs(got[0]["local"] - alone.local[0]).max() > 10 * atol
+
+
+@pytest.mark.parametrize(
+    "steps_per_execution", variants.executions("bn_uneven")
+)
+def test_batch_normalization_on_a_worker_of_two_processes_is_one_devices_step(
+    workers_of_two_processes, steps_per_execution
+):
+    # The moments of the worker's 14 rows, 7 from each process.
+    out, _ = workers_of_two_processes
+    saved = []
+    for process in range(4):
+        arrays = np.load(out / f"bn_uneven.{steps_per_execution}.{process}.npz")
+        arrays = [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
+        saved.append((arrays[: len(arrays) // 2], arrays[len(arrays) // 2 :]))
+    start = saved[0][0]  # Process 0's, which all train from.
+    for process, (_, end) in enumerate(saved):
+        worker = process // 2
+        expected = variants.batch_norm_on_one_device(
+            start, [2 * worker, 2 * worker + 1], steps_per_execution
+        )
+        for got, want in zip(end, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+
+
+def test_the_launcher_names_processes_and_their_workers(
+    workers_of_two_processes,
+):
+    _, result = workers_of_two_processes
+    assert (
+        "starting 4 processes as 2 workers of 2 processes each" in result.stderr
+    )
+    for process in range(4):
+        assert f"[process {process}] variant diloco at 1 done" in result.stdout
+    assert "[worker " not in result.stdout
 
 
 def test_the_logged_loss_is_the_mean_over_both_processes_batches(
@@ -524,102 +571,6 @@ def test_parameter_servers_on_jax_are_refused_by_the_launcher(tmp_path):
     result = launch("--ps", 1, script)
     assert result.returncode == 2
     assert "--ps needs Keras's TensorFlow backend" in result.stderr
-
-
-def resumed(out, processes):
-    return [np.load(out / f"resumed.{p}.npz") for p in range(processes)]
-
-
-@pytest.fixture(scope="module")
-def interrupted_backup(tmp_path_factory):
-    """The backup of a DiLoCo run on 2 processes of 2 devices each
-    interrupted after its first epoch (6 steps: mid-period)."""
-    root = tmp_path_factory.mktemp("interrupted")
-    result = launch(
-        WORKERS / "resume.py",
-        root,
-        root / "backup",
-        "interrupted",
-        devices=DEVICES,
-    )
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
-    return root / "backup"
-
-
-@pytest.mark.parametrize("processes, devices", [(1, 2), (3, 1)])
-def test_a_backup_made_on_two_processes_resumes_on_another_number(
-    interrupted_backup, tmp_path, processes, devices
-):
-    # Made on 2 workers of 2 devices; resumed on 1 of 2 and on 3 of 1.
-    backup = tmp_path / "backup"
-    shutil.copytree(interrupted_backup, backup)
-    result = launch(
-        WORKERS / "resume.py",
-        tmp_path,
-        backup,
-        "resumed",
-        workers=processes,
-        devices=devices,
-    )
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
-    assert f"made on 2 workers, resumed on {processes}: " in result.stdout
-    # `batch_size` (8) is per process.
-    assert (
-        f"the global batch is now {8 * processes} (it was 16). `batch_size` "
-        "is per process." in result.stdout
-    )
-    # By hand: the first workers keep their state, a new one starts from
-    # the centers, what a worker that left did since its commit is lost.
-    start = variants.flat(variants.mlp(seed=0).get_weights())
-    by_hand = variants.by_hand("diloco", start, resize=(6, processes))
-    atol = 2 * variants.one_process_error("diloco")
-    for process, got in enumerate(resumed(tmp_path, processes)):
-        np.testing.assert_allclose(
-            got["local"], by_hand.local[process], rtol=0, atol=atol
-        )
-        np.testing.assert_allclose(
-            got["center"], by_hand.center, rtol=0, atol=atol
-        )
-        assert int(got["iterations"]) == 12
-
-
-def test_a_killed_process_is_restarted_and_the_run_ends_as_uninterrupted(
-    tmp_path,
-):
-    # On workers of 2 devices each: the restarted run and the uninterrupted
-    # one end bit for bit alike.
-    killed, uninterrupted = tmp_path / "killed", tmp_path / "uninterrupted"
-    killed.mkdir(), uninterrupted.mkdir()
-    result = launch(
-        "--max-restarts",
-        1,
-        WORKERS / "resume.py",
-        killed,
-        killed / "b",
-        "killed",
-        devices=DEVICES,
-    )
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
-    said = re.search(
-        r"summary: restart 1 of 1: worker 1 was killed by SIGKILL; training "
-        r"again ([\d.]+) s after its death",
-        result.stderr,
-    )
-    assert said and float(said.group(1)) < 60, result.stderr
-    assert "resumed from the backup" in result.stdout
-    result = launch(
-        WORKERS / "resume.py",
-        uninterrupted,
-        uninterrupted / "b",
-        "resumed",
-        devices=DEVICES,
-    )
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
-    for got, want in zip(resumed(killed, 2), resumed(uninterrupted, 2)):
-        np.testing.assert_array_equal(got["local"], want["local"])
-        np.testing.assert_array_equal(got["center"], want["center"])
-    # The backup is removed at the end, by process 0.
-    assert not (killed / "b").exists()
 
 
 def test_the_example_trains_across_two_processes(tmp_path):

@@ -3,6 +3,7 @@
 Keras's JAX trainer runs it, and whole models through `fit`, in one
 process and under `keras.distribution.DataParallel` over two devices."""
 
+import re
 import subprocess
 import sys
 import types
@@ -664,3 +665,23 @@ def test_delayed_nesterov_forced_on_matches_the_rule_by_hand():
         optimizer, hand, start, grads, {"rtol": 1e-6, "atol": 1e-5}
     )
     assert optimizer.trainer_seams.outer_rules[0].commits == 2
+
+
+@pytest.mark.parametrize(
+    "said, message",
+    [
+        ("two", "must be a positive integer (the JAX processes of one worker)"),
+        ("0", "must be a positive integer (the JAX processes of one worker)"),
+        ("2", "=2 does not divide this run's 1 JAX processes into workers"),
+    ],
+)
+def test_processes_per_worker_that_cannot_group_the_processes_is_refused(
+    monkeypatch, said, message
+):
+    monkeypatch.setenv("KERAS_CLONES_PROCESSES_PER_WORKER", said)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(AGNOptimizer(keras.optimizers.SGD(0.1), 2), "mse")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0)
+    monkeypatch.setenv("KERAS_CLONES_PROCESSES_PER_WORKER", "1")
+    model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0)

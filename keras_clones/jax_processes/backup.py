@@ -3,13 +3,14 @@ each worker's own state (`keras_clones.worker_backup`) as a process runs
 it.
 
 Process 0 writes Keras's backup (`latest.weights.h5`, its metadata) in the
-user's backup directory; every process writes its own state beside it,
-under `keras_clones_workers/`, and the processes agree that every one did
-before process 0 writes Keras's files. On restore every process reads
-process 0's backup, then its own state; a resume on another number of
-processes follows `keras_clones.agn.worker_state`. `batch_size` is per
-process, so the global batch becomes the new number of processes times
-`batch_size`: the chief's resume line says so.
+user's backup directory; each worker's first process writes the worker's
+own state beside it, under `keras_clones_workers/`, and the processes
+agree that every one did before process 0 writes Keras's files. On
+restore every process reads process 0's backup, then its worker's state;
+a resume on another number of workers follows
+`keras_clones.agn.worker_state`. `batch_size` is per process, so the
+global batch becomes the new number of processes times `batch_size`: the
+chief's resume line says so.
 """
 
 import keras
@@ -45,6 +46,7 @@ class ProcessBackup(BackupWithWorkerState):
             global_batch=global_batch,
         )
         self.writes_keras_backup = workers.is_chief
+        self.writes_own_state = workers.leads_worker
         self._workers = workers
 
     def after_own_state(self):
@@ -52,7 +54,8 @@ class ProcessBackup(BackupWithWorkerState):
 
     def failing_workers(self, failing):
         flags = self._workers.gather(np.int32(bool(failing)))
-        return [int(i) for i in np.flatnonzero(np.asarray(flags))]
+        processes = np.flatnonzero(np.asarray(flags))
+        return sorted({int(p) // self._workers.per_worker for p in processes})
 
     def on_train_end(self, logs=None):
         # The directory is the chief's to remove (Keras's
@@ -62,10 +65,18 @@ class ProcessBackup(BackupWithWorkerState):
 
     def resume_line(self, metadata, step, before, agn):
         said = super().resume_line(metadata, step, before, agn)
-        if before is None or before == self.workers:
+        if before is None:
             return said
         if self.batch_changed:  # The line gave the numbers.
             return f"{said} `batch_size` is per process."
+        if before == self.workers:
+            return said
+        processes = self._workers.processes
+        if processes != self.workers:  # A worker of several processes.
+            return (
+                f"{said} `batch_size` is per process: the global batch is "
+                f"now {processes} x batch_size."
+            )
         return (
             f"{said} `batch_size` is per process: the global batch is now "
             f"{self.workers} x batch_size (it was {before} x batch_size)."

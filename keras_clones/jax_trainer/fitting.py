@@ -60,6 +60,7 @@ from keras_clones.jax_trainer import first_step
 from keras_clones.jax_trainer import period_programs
 from keras_clones.jax_trainer import train_function
 from keras_clones.multi_worker import description
+from keras_clones.replicas import worker_axis
 
 NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
 _WORKERS = []  # This run's `Workers`, made once.
@@ -79,8 +80,10 @@ def workers():
 
 
 def check_processes_started():
-    """Refuses a process started as one of several whose JAX runs alone:
-    the script did not call `keras.distribution.initialize()`."""
+    """Refuses a process started as one of several whose JAX runs alone
+    (the script did not call `keras.distribution.initialize()`), and
+    processes that `worker_axis.PROCESSES_PER_WORKER` cannot group."""
+    worker_axis.processes_per_worker()
     started = _started_as_one_of()
     if started is not None and started > 1 and jax.process_count() == 1:
         raise RuntimeError(
@@ -309,7 +312,7 @@ def _across(model, options, callbacks):
     # `batch_size` is per process (Keras's, 32 by default, for arrays).
     batch = None
     if _rows(options["x"]) is not None:
-        batch = own.count * (options["batch_size"] or 32)
+        batch = own.processes * (options["batch_size"] or 32)
     callbacks = [
         backup.for_this_process(callback, own, batch)
         for callback in callbacks
@@ -333,8 +336,8 @@ def check_same_model(model, workers):
         lambda values: workers.gather(np.asarray(values, np.uint32)).tolist(),
         "the model and its compilation",
         description.describe(model),
-        [f"process {p}" for p in range(workers.count)],
-        workers.index,
+        [f"process {p}" for p in range(workers.processes)],
+        workers.process,
         noun="process",
     )
 

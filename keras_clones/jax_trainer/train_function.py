@@ -107,7 +107,7 @@ def make(model, workers):
             known = count is not None and not any(endings[:-1])
             stacked = jax.tree.map(lambda *b: jax.numpy.stack(b), *batches)
             scanned = program("scanned", endings[-1] if known else None)
-            logs, state = scanned(state, workers.wrap_data(stacked))
+            logs, state = scanned(state, workers.wrap_data(stacked, axis=1))
         else:
             for batch, ending in zip(batches, endings):
                 stepped = program("step", ending)

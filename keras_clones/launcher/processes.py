@@ -18,13 +18,14 @@ POLL_INTERVAL = 0.1
 MAX_ERROR_LINE = 500
 
 
-def start(command, cluster, task):
+def start(command, cluster, task, processes_per_worker=1):
     """Starts `command` as task `(type, index)` of `cluster`
     (`task_environment`), its output piped, killed when the launcher
     dies."""
+    environment = task_environment(cluster, task, processes_per_worker)
     return subprocess.Popen(
         command,
-        env=dict(os.environ, **task_environment(cluster, task)),
+        env=dict(os.environ, **environment),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -49,8 +50,25 @@ def log(message, lock):
 
 
 def count(number, noun):
-    """`number` of `noun`: "1 worker", "2 workers"."""
-    return f"{number} {noun}{'' if number == 1 else 's'}"
+    """`number` of `noun`: "1 worker", "2 workers", "2 processes"."""
+    if number == 1:
+        return f"{number} {noun}"
+    return f"{number} {noun}{'es' if noun.endswith('s') else 's'}"
+
+
+def name(index, processes_per_worker=1):
+    """What the launcher calls its task `index`: "worker 1" where a worker
+    is a process, else "process 3 (worker 1)"."""
+    if processes_per_worker == 1:
+        return f"worker {index}"
+    return f"process {index} (worker {index // processes_per_worker})"
+
+
+def prefix(index, processes_per_worker=1):
+    """What starts each line task `index` prints: "[worker 1] ", or
+    "[process 3] " where a worker is several processes."""
+    noun = "worker" if processes_per_worker == 1 else "process"
+    return f"[{noun} {index}] "
 
 
 def failure(code):
@@ -78,7 +96,7 @@ def ranked(failed, error_lines):
     return [failed[p] for p in sorted(range(len(failed)), key=rank)]
 
 
-def summarize(failed, error_lines, lock):
+def summarize(failed, error_lines, lock, processes_per_worker=1):
     for position, (index, code) in enumerate(ranked(failed, error_lines)):
         first = (
             " (the first to fail)" if position == 0 and len(failed) > 1 else ""
@@ -87,7 +105,7 @@ def summarize(failed, error_lines, lock):
         if line is None:
             detail = (
                 "; it printed no Python traceback or error line (see its "
-                f"[worker {index}] lines above)"
+                f"{prefix(index, processes_per_worker).strip()} lines above)"
             )
         elif len(line) > MAX_ERROR_LINE:
             detail = f": {line[:MAX_ERROR_LINE]} [...]"
@@ -96,15 +114,20 @@ def summarize(failed, error_lines, lock):
         hint = error_lines[index].hint
         if hint:
             detail += f" {hint}"
-        log(f"summary: worker {index}{first} {failure(code)}{detail}", lock)
+        said = name(index, processes_per_worker)
+        log(f"summary: {said}{first} {failure(code)}{detail}", lock)
 
 
-def wait_for_workers(processes, grace_period, lock, failed):
+def wait_for_workers(
+    processes, grace_period, lock, failed, processes_per_worker=1
+):
     """Waits for the workers, up to `grace_period` after the first failure.
 
     Appends `(index, returncode)` to `failed` for each worker that fails
-    by itself, in the order they are seen failing.
+    by itself, in the order they are seen failing. With several processes
+    a worker, they are named as processes (`name`).
     """
+    others = "workers" if processes_per_worker == 1 else "processes"
     first_failure, exit_code, deadline = None, 0, None
     reported = set()
     while True:
@@ -113,7 +136,8 @@ def wait_for_workers(processes, grace_period, lock, failed):
             if process.returncode and index not in reported:
                 reported.add(index)
                 failed.append((index, process.returncode))
-                message = f"worker {index} {failure(process.returncode)}"
+                said = name(index, processes_per_worker)
+                message = f"{said} {failure(process.returncode)}"
                 if first_failure is None:
                     first_failure = index
                     code = process.returncode
@@ -121,10 +145,10 @@ def wait_for_workers(processes, grace_period, lock, failed):
                     deadline = time.monotonic() + grace_period
                     if running:
                         message += (
-                            f"; the other workers have {grace_period:g} s "
+                            f"; the other {others} have {grace_period:g} s "
                             "to exit before they are stopped"
                             if grace_period > 0
-                            else "; the other workers are stopped at once "
+                            else f"; the other {others} are stopped at once "
                             "(--grace-period 0)"
                         )
                 log(message + ".", lock)
@@ -132,14 +156,19 @@ def wait_for_workers(processes, grace_period, lock, failed):
             return exit_code
         if deadline is not None and time.monotonic() >= deadline:
             names = ", ".join(str(i) for i in running)
-            plural = "s" if len(running) > 1 else ""
+            noun = others if len(running) > 1 else _one(others)
+            first = name(first_failure, processes_per_worker)
             log(
-                f"stopping worker{plural} {names}: still running "
-                f"{grace_period:g} s after worker {first_failure} failed.",
+                f"stopping {noun} {names}: still running "
+                f"{grace_period:g} s after {first} failed.",
                 lock,
             )
             return exit_code
         time.sleep(POLL_INTERVAL)
+
+
+def _one(nouns):
+    return "process" if nouns == "processes" else "worker"
 
 
 def stop(processes, at_once=False):

@@ -23,16 +23,23 @@ def keras_backend():
         return "tensorflow"
 
 
-def task_environment(cluster, task):
+# How many consecutive JAX processes make one worker
+# (`keras_clones.replicas.worker_axis.PROCESSES_PER_WORKER`).
+PROCESSES_PER_WORKER = "KERAS_CLONES_PROCESSES_PER_WORKER"
+
+
+def task_environment(cluster, task, processes_per_worker=1):
     """What tells task `(type, index)` of `cluster` where it stands: on
     JAX, Keras's `KERAS_DISTRIBUTION_*` variables, which
-    `keras.distribution.initialize()` reads; else `TF_CONFIG`."""
+    `keras.distribution.initialize()` reads, and `PROCESSES_PER_WORKER`;
+    else `TF_CONFIG`."""
     kind, index = task
     if keras_backend() == "jax":
         return {
             "KERAS_DISTRIBUTION_JOB_ADDRESSES": ",".join(cluster["worker"]),
             "KERAS_DISTRIBUTION_NUM_PROCESSES": str(len(cluster["worker"])),
             "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
+            PROCESSES_PER_WORKER: str(processes_per_worker),
         }
     tf_config = {"cluster": cluster, "task": {"type": kind, "index": index}}
     return {"TF_CONFIG": json.dumps(tf_config)}

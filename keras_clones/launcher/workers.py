@@ -14,6 +14,8 @@ from keras_clones.launcher.processes import TERMINATE_TIMEOUT
 from keras_clones.launcher.processes import count
 from keras_clones.launcher.processes import failure
 from keras_clones.launcher.processes import log
+from keras_clones.launcher.processes import name
+from keras_clones.launcher.processes import prefix
 from keras_clones.launcher.processes import ranked
 from keras_clones.launcher.processes import start
 from keras_clones.launcher.processes import stop
@@ -36,22 +38,37 @@ JAX_GRACE_PERIOD = 10.0
 
 
 def run_workers(
-    script, args, workers, grace_period, max_restarts, min_workers, verbose
+    script,
+    args,
+    workers,
+    grace_period,
+    max_restarts,
+    min_workers,
+    verbose,
+    processes_per_worker=1,
 ):
-    """Runs `script` as `workers` workers, started again after a failure
-    at most `max_restarts` times (see `keras_clones.launch.launch`); the
-    exit code."""
+    """Runs `script` as `workers` workers of `processes_per_worker`
+    processes each, started again after a failure at most `max_restarts`
+    times (see `keras_clones.launch.launch`); the exit code."""
     lock = threading.Lock()
+    per_worker = processes_per_worker
     on_jax = keras_backend() == "jax"
     if on_jax:
         # JAX processes ignore SIGTERM, and those left cannot go on.
         grace_period = min(grace_period, JAX_GRACE_PERIOD)
     restarts = []  # `_Restart`s, in turn.
     start_failures = {}  # Worker index: failed starts in a row.
+    if per_worker > 1:
+        log(
+            f"starting {count(workers * per_worker, 'process')} as "
+            f"{count(workers, 'worker')} of {per_worker} processes each "
+            f"(processes 0-{per_worker - 1} are worker 0).",
+            lock,
+        )
     for attempt in range(max_restarts + 1):
         last = attempt == max_restarts
         # With a restart to come, the others are stopped at once.
-        run = _WorkerRun(script, args, workers, lock, verbose)
+        run = _WorkerRun(script, args, workers, lock, verbose, per_worker)
         exit_code = run.wait(
             0.0 if not last else grace_period, not last or on_jax
         )
@@ -69,13 +86,13 @@ def run_workers(
         index, code = run.first_failure
         log(
             f"starting {count(workers, 'worker')} again (restart "
-            f"{attempt + 1} of {max_restarts}) after worker {index} "
-            f"{failure(code)}.",
+            f"{attempt + 1} of {max_restarts}) after "
+            f"{name(index, per_worker)} {failure(code)}.",
             lock,
         )
     for number, restart in enumerate(restarts, 1):
         log(f"summary: restart {number} of {max_restarts}: {restart}", lock)
-    summarize(run.failed, run.error_lines, lock)
+    summarize(run.failed, run.error_lines, lock, per_worker)
     return exit_code
 
 
@@ -86,8 +103,9 @@ def _workers_after(run, workers, min_workers, max_restarts, failures, lock):
     if run.first_step_at is not None:
         failures.clear()  # Every worker started.
         return workers
-    for index, _ in run.failed:
-        failures[index] = failures.get(index, 0) + 1
+    per_worker = run.processes_per_worker
+    for worker in {index // per_worker for index, _ in run.failed}:
+        failures[worker] = failures.get(worker, 0) + 1
     index = max(failures, key=failures.get)
     if min_workers is None or failures[index] < max_restarts:
         return workers
@@ -125,16 +143,21 @@ def check_min_workers(min_workers, workers, max_restarts, ps):
 
 
 class _WorkerRun:
-    """One start of the `workers` workers, on free ports."""
+    """One start of the `workers` workers (of `processes_per_worker`
+    processes each), on free ports."""
 
-    def __init__(self, script, args, workers, lock, verbose):
-        cluster = [f"127.0.0.1:{port}" for port in free_ports(workers)]
+    def __init__(
+        self, script, args, workers, lock, verbose, processes_per_worker=1
+    ):
+        self.processes_per_worker = processes_per_worker
+        processes = workers * processes_per_worker
+        cluster = [f"127.0.0.1:{port}" for port in free_ports(processes)]
         self.lock = lock
         self._verbose = verbose
         self.processes = []
         self.failed = []  # `(index, returncode)`, in the order seen.
         self.failed_at = None  # When the first failure was seen.
-        self.error_lines = [ErrorLine() for _ in range(workers)]
+        self.error_lines = [ErrorLine() for _ in range(processes)]
         self.first_step_at = None  # When the chief said it trains.
         self.resumed = False  # Whether it said so after a resume.
         self._watch = _FirstStep(self)
@@ -162,6 +185,7 @@ class _WorkerRun:
                         self._script_command,
                         {"worker": self._cluster},
                         ("worker", index),
+                        self.processes_per_worker,
                     )
                 )
             # Threads only once every worker is started (`preexec_fn` and
@@ -173,14 +197,18 @@ class _WorkerRun:
                 readers.append(
                     read_lines(
                         process,
-                        f"[worker {index}] ",
+                        prefix(index, self.processes_per_worker),
                         self.lock,
                         *watchers,
                         verbose=self._verbose,
                     )
                 )
             exit_code = wait_for_workers(
-                self.processes, grace_period, self.lock, self.failed
+                self.processes,
+                grace_period,
+                self.lock,
+                self.failed,
+                self.processes_per_worker,
             )
             # With no grace period, within a poll of the failure.
             self.failed_at = time.monotonic()
@@ -212,14 +240,16 @@ class _Restart:
 
     def __init__(self, run, workers_after):
         self.index, self.code = run.first_failure
+        self.processes_per_worker = run.processes_per_worker
         self.error_line = run.error_lines[self.index].line
         self.died_at = run.failed_at
-        self.workers_before = len(run.error_lines)
+        self.workers_before = len(run.error_lines) // run.processes_per_worker
         self.workers_after = workers_after
         self.next_run = None
 
     def __str__(self):
-        said = f"worker {self.index} {failure(self.code)}"
+        said = f"{name(self.index, self.processes_per_worker)} "
+        said += failure(self.code)
         if self.error_line:
             said += f": {self.error_line[:MAX_ERROR_LINE]}"
         if self.workers_after < self.workers_before:

@@ -1,8 +1,8 @@
 """The workers' axis of a step traced across JAX processes: the one place
 where a traced step asks "am I one of several workers?" and reduces over
-them. A worker is a group of devices along the mesh axis `NAME` (a
-process's local devices, along `DEVICES`, over which XLA lays out its
-step).
+them. A worker is a group of devices along the mesh axis `NAME` (the
+local devices of its processes, along `PROCESSES` and `DEVICES`, over
+which XLA lays out its step).
 
 `keras_clones.jax_trainer.train_function` traces Keras's own `train_step`
 inside `jax.shard_map` over the workers' mesh
@@ -18,7 +18,13 @@ milliseconds per operand of a tuple all-reduce.
 import contextlib
 
 NAME = "workers"
-DEVICES = "devices"  # A worker's devices, the mesh's second axis.
+# A worker's processes and each one's devices, the mesh's other axes.
+PROCESSES = "processes"
+DEVICES = "devices"
+# How many consecutive JAX processes make one worker (default 1); the
+# launcher's `--processes-per-worker` sets it (`keras_clones.launcher`
+# imports no Keras: it spells it again).
+PROCESSES_PER_WORKER = "KERAS_CLONES_PROCESSES_PER_WORKER"
 _COUNTS = []  # The workers of the steps being traced, innermost last.
 
 
@@ -39,11 +45,42 @@ def workers():
 
 
 def workers_in_run():
-    """The number of workers of this run (outside any step): one per JAX
-    process."""
+    """The number of workers of this run (outside any step): its JAX
+    processes, `processes_per_worker()` a worker."""
     import jax
 
-    return jax.process_count()
+    return jax.process_count() // processes_per_worker()
+
+
+def processes_per_worker():
+    """How many consecutive JAX processes make one worker
+    (`PROCESSES_PER_WORKER`, 1 where it is not set), checked against this
+    run's processes."""
+    import os
+
+    import jax
+
+    said = os.environ.get(PROCESSES_PER_WORKER, "").strip()
+    if not said:
+        return 1
+    try:
+        count = int(said)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(
+            f"{PROCESSES_PER_WORKER} must be a positive integer (the JAX "
+            f"processes of one worker), but it is {said!r}. Set it to e.g. "
+            "2, or unset it for a worker per process."
+        )
+    processes = jax.process_count()
+    if processes % count:
+        raise ValueError(
+            f"{PROCESSES_PER_WORKER}={count} does not divide this run's "
+            f"{processes} JAX processes into workers. Start a multiple of "
+            f"{count} processes, or set it to a divisor of {processes}."
+        )
+    return count
 
 
 def mean(values):
@@ -51,16 +88,17 @@ def mean(values):
     return _flat_per_dtype(values, lambda flat: _summed(flat) / workers())
 
 
-def total(values):
-    """Each of `values` (arrays) summed over the workers."""
-    return _flat_per_dtype(values, _summed)
+def total(values, axes=NAME):
+    """Each of `values` (arrays) summed over the workers (or over the mesh
+    axes `axes`)."""
+    return _flat_per_dtype(values, lambda flat: _summed(flat, axes))
 
 
-def _summed(flat):
-    """`flat` summed over the workers. On CPU a 16-bit float is summed in
-    float32 and rounded back, as XLA's CPU promotes it anyway (its pass
-    fails on an all-reduce of a program manual over the workers only,
-    "Invalid binary instruction opcode copy", jax 0.10.2)."""
+def _summed(flat, axes=NAME):
+    """`flat` summed over the workers (or `axes`). On CPU a 16-bit float is
+    summed in float32 and rounded back, as XLA's CPU promotes it anyway
+    (its pass fails on an all-reduce of a program manual over the workers
+    only, "Invalid binary instruction opcode copy", jax 0.10.2)."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -71,8 +109,8 @@ def _summed(flat):
         and flat.dtype.itemsize == 2
     )
     if promoted:
-        return lax.psum(flat.astype(jnp.float32), NAME).astype(flat.dtype)
-    return lax.psum(flat, NAME)
+        return lax.psum(flat.astype(jnp.float32), axes).astype(flat.dtype)
+    return lax.psum(flat, axes)
 
 
 def gather(value):

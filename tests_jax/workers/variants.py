@@ -121,11 +121,21 @@ def batch_norm_model(seed):
     )
 
 
-def batch_norm_on_one_device(start, process, steps_per_execution):
+def batch_norm_on_one_device(start, processes, steps_per_execution):
     """The weights `batch_norm_model` ends with trained by plain SGD in one
-    process on one device on process `process`'s rows, from the weights
-    `start`: what its worker of several devices trains locally."""
-    x, y = data(process)
+    process on one device on the rows of `processes` (a worker's, in
+    order) together, from the weights `start`: what their worker of
+    several devices trains locally."""
+    own = [data(p) for p in processes]
+
+    def together(field):  # Each step's rows of every process, in order.
+        parts = [rows[field] for rows in own]
+        starts = range(0, len(parts[0]), BN_ROWS)
+        return np.concatenate(
+            [part[i : i + BN_ROWS] for i in starts for part in parts]
+        )
+
+    x, y = together(0), together(1)
     model = batch_norm_model(0)
     model.set_weights(start)
     model.compile(
@@ -133,7 +143,9 @@ def batch_norm_on_one_device(start, process, steps_per_execution):
         "mse",
         steps_per_execution=steps_per_execution,
     )
-    model.fit(x, y, batch_size=BN_ROWS, shuffle=False, verbose=0)
+    model.fit(
+        x, y, batch_size=BN_ROWS * len(processes), shuffle=False, verbose=0
+    )
     return model.get_weights()
 
 
@@ -141,23 +153,31 @@ def _like():
     return [np.zeros(w.shape) for w in mlp(0).get_weights()]
 
 
-def by_hand(name, start, workers=2, resize=None):
-    """Variant `name` by hand on `workers` processes' rows, from the flat
-    weights `start` (a `Trajectory`); with `resize` (step, workers), as
-    resume.py resumes on other workers, on its rows."""
+def by_hand(name, start, workers=2, resize=None, processes_per_worker=1):
+    """Variant `name` by hand on `workers` workers, each of
+    `processes_per_worker` processes whose rows make its batch together,
+    from the flat weights `start` (a `Trajectory`); with `resize` (step,
+    workers), as resume.py resumes on other workers, on its rows (and
+    `processes_per_worker` from that step on: one before)."""
     options, _, hand_inner, _, hand_outer = VARIANTS[name]
     like = _like()
-    rows = [data(w, nan="nan" in name) for w in range(3)]
+    processes = max(3, (resize or (0, workers))[1] * processes_per_worker)
+    rows = [data(p, nan="nan" in name) for p in range(processes)]
     batches, steps = BATCHES, STEPS
     if resize is not None:
-        rows = [resume_data(w) for w in range(3)]
+        rows = [resume_data(p) for p in range(processes)]
         batches, steps = RESUME_BATCHES, 2 * RESUME_BATCHES
 
     def gradient(worker, step, weights):
-        x, y = rows[worker]
         batch = slice(step % batches * BATCH, (step % batches + 1) * BATCH)
+        per_worker = processes_per_worker
+        if resize is not None and step < resize[0]:
+            per_worker = 1
+        own = rows[worker * per_worker : (worker + 1) * per_worker]
+        x = np.concatenate([x[batch] for x, _ in own])
+        y = np.concatenate([y[batch] for _, y in own])
         weights = agn.unflat(weights, like)
-        return flat(models.mlp_mse_gradient(weights, x[batch], y[batch]))
+        return flat(models.mlp_mse_gradient(weights, x, y))
 
     skipped = set()
     if "nan" in name:
