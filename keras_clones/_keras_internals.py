@@ -67,6 +67,7 @@ __all__ = [
     "symbolic_build",
     "track_variable",
     "uses_weight_decay",
+    "variable_layout",
     "without_gradient_all_reduce",
 ]
 
@@ -223,6 +224,13 @@ def learning_rate_object(optimizer):
 def uses_weight_decay(optimizer, variable):
     """Whether `optimizer` decays `variable` (its exclusions applied)."""
     return optimizer._use_weight_decay(variable)
+
+
+def variable_layout(variable):
+    """The `keras.distribution.TensorLayout` `variable` was made with
+    (under a `keras.distribution`), or None: what an optimizer's slot of
+    it is made with (`add_variable_from_reference`)."""
+    return getattr(variable, "_layout", None)
 
 
 _NO_ALL_REDUCE_LOCK = threading.Lock()

@@ -296,6 +296,10 @@ def test_distribution_strategy_and_learning_rate_object():
     assert internals.learning_rate_object(optimizer) is schedule
 
 
+def test_variable_layout_is_none_outside_a_distribution():
+    assert internals.variable_layout(keras.Variable(1.0)) is None
+
+
 def test_uses_weight_decay():
     optimizer, variables = built_optimizer(weight_decay=0.1)
     assert internals.uses_weight_decay(optimizer, variables[0])

@@ -685,3 +685,99 @@ def test_processes_per_worker_that_cannot_group_the_processes_is_refused(
         model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0)
     monkeypatch.setenv("KERAS_CLONES_PROCESSES_PER_WORKER", "1")
     model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0)
+
+
+def test_agn_state_under_model_parallel_is_sharded_as_its_variable():
+    # One process, its 2 devices as a (1, 2) mesh, the kernels and biases
+    # split over "model": every AGN state of a variable (center, gradient
+    # accumulator, the outer and inner optimizers' slots) is split alike,
+    # so no device holds a whole one, and `fit` trains as without it.
+    def trained(distribution):
+        keras.distribution.set_distribution(distribution)
+        try:
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential(
+                [
+                    keras.Input((5,)),
+                    keras.layers.Dense(4, activation="tanh"),
+                    keras.layers.Dense(2),
+                ]
+            )
+            model.compile(
+                AGNOptimizer(
+                    keras.optimizers.Adam(0.01),
+                    communication_period=2,
+                    outer_optimizer=keras.optimizers.SGD(
+                        0.7, momentum=0.9, nesterov=True
+                    ),
+                ),
+                "mse",
+            )
+            rng = np.random.default_rng(0)
+            x = rng.normal(size=(48, 5)).astype("float32")
+            y = rng.normal(size=(48, 2)).astype("float32")
+            model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+            return model
+        finally:
+            keras.distribution.set_distribution(None)
+
+    mesh = keras.distribution.DeviceMesh((1, 2), ("batch", "model"))
+    layouts = keras.distribution.LayoutMap(mesh)
+    layouts[".*dense.*kernel"] = (None, "model")
+    layouts[".*dense.*bias"] = ("model",)
+    sharded = trained(
+        keras.distribution.ModelParallel(
+            layout_map=layouts, batch_dim_name="batch"
+        )
+    )
+    plain = trained(None)
+    for got, want in zip(sharded.weights, plain.weights, strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6)
+    optimizer = sharded.optimizer
+    assert int(optimizer.communication_rounds.numpy()) == 6
+    for variable in sharded.trainable_variables:
+        spec = variable.value.sharding.spec
+        assert "model" in spec  # Split.
+        states = [
+            v
+            for v in optimizer.variables
+            if v.path.endswith(
+                tuple(
+                    f"{variable.path.replace('/', '_')}_{what}"
+                    for what in (
+                        "global_center",
+                        "grad_accumulator",
+                        "global_center_momentum",
+                        "momentum",
+                        "velocity",
+                    )
+                )
+            )
+        ]
+        assert len(states) == 5, [v.path for v in states]
+        for state in states:
+            assert state.value.sharding.spec == spec, state.path
+            shard = state.value.addressable_shards[0].data
+            assert shard.size == variable.value.size // 2
+    # Delayed Nesterov's buffer of each center, too.
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(
+            layout_map=layouts, batch_dim_name="batch"
+        )
+    )
+    try:
+        dense = keras.layers.Dense(4)
+        dense.build((None, 5))
+        delayed = AGNOptimizer(
+            keras.optimizers.Adam(0.01),
+            communication_period=2,
+            outer_optimizer=keras.optimizers.SGD(0.7, momentum=0.9),
+            delayed_nesterov=2,
+        )
+        delayed.build(dense.trainable_variables)
+    finally:
+        keras.distribution.set_distribution(None)
+    sums = [v for v in delayed.variables if v.path.endswith("_delayed_sum")]
+    assert [s.value.sharding.spec for s in sums] == [
+        v.value.sharding.spec for v in dense.trainable_variables
+    ]

@@ -167,6 +167,7 @@ class DelayedNesterov:
                 shape=center.shape,
                 dtype=center.dtype,
                 name=f"{center.name}_delayed_sum",
+                layout=internals.variable_layout(center),
             )
             for center in centers
         }

@@ -204,6 +204,8 @@ class StateBuilder:
                 shape=variable.shape,
                 dtype=variable.dtype,
                 name=_slot_name(variable, "global_center"),
+                # Under a `keras.distribution`, sharded as the variable.
+                layout=internals.variable_layout(variable),
             )
         # The outer optimizer applies it after every update, as Keras's
         # optimizers apply a variable's constraint.
