@@ -25,6 +25,7 @@ __all__ = [
     "DeploymentConfig",
     "callbacks",
     "step_hooks",
+    "worker_devices",
 ]
 
 
@@ -51,9 +52,13 @@ def import_all():
 
         module.CloneModel = CloneModel
         module.DeploymentConfig = DeploymentConfig
+        module.worker_devices = _worker_devices_on_tensorflow
         return
     from keras_clones.jax_processes import exits
+    from keras_clones.jax_processes.workers import worker_devices
     from keras_clones.jax_trainer import overrides
+
+    module.worker_devices = worker_devices
 
     # `fit` across JAX processes.
     overrides.install()
@@ -66,6 +71,17 @@ def import_all():
         raise AttributeError(f"module 'keras_clones' has no attribute {name!r}")
 
     module.__getattr__ = __getattr__
+
+
+def _worker_devices_on_tensorflow():
+    """`worker_devices` where Keras runs on TensorFlow: refused."""
+    raise RuntimeError(
+        "`keras_clones.worker_devices()` gives a JAX worker's devices, for a "
+        "`keras.distribution` inside it, so it needs Keras's JAX backend, "
+        "but Keras is set to the 'tensorflow' backend. On TensorFlow a "
+        "worker's devices are its `CloneModel`'s clones "
+        "(`DeploymentConfig(num_clones=...)`)."
+    )
 
 
 if sys.argv[:1] != ["-m"]:

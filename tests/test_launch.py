@@ -521,3 +521,11 @@ def test_run_quietly_prints_a_commands_output_less_tensorflows_log_lines():
         "epoch 1  loss 0.5",
         "E0000 00:00:1.0 1 collective_ops.cc:1] a real error",
     ]
+
+
+def test_every_public_name_exists_and_worker_devices_says_it_needs_jax():
+    import keras_clones
+
+    assert all(hasattr(keras_clones, name) for name in keras_clones.__all__)
+    with pytest.raises(RuntimeError, match="needs Keras's JAX backend"):
+        keras_clones.worker_devices()

@@ -158,6 +158,36 @@ def test_batch_normalization_on_a_worker_of_two_devices_is_one_devices_step(
     assert not np.allclose(saved[0][1][4], saved[1][1][4], atol=1e-3)
 
 
+@pytest.mark.parametrize(
+    "steps_per_execution", variants.executions("diloco_model_parallel")
+)
+def test_model_parallel_within_each_worker_splits_every_state_of_a_variable(
+    variants_out, steps_per_execution
+):
+    # `ModelParallel` over each worker's 2 devices, the kernels and biases
+    # split over "model" (by hand: the variant's test above): each
+    # variable's center, outer momentum and Adam slots are split as it is,
+    # so a device holds half of each, and so are the weights after `fit`.
+    for arrays in results(
+        variants_out, "diloco_model_parallel", steps_per_execution
+    ):
+        layouts = {
+            path: (spec, float(share))
+            for path, spec, share in arrays["layouts"]
+        }
+        assert len(arrays["trainable"]) == 4
+        for path in arrays["trainable"]:
+            spec, share = layouts[path]
+            assert "'model'" in spec and share == 0.5, path
+            states = [
+                p for p in layouts if path.replace("/", "_") in p and p != path
+            ]
+            # Center, its outer momentum, Adam's momentum and velocity.
+            assert len(states) == 4, states
+            for state in states:
+                assert layouts[state] == (spec, 0.5), state
+
+
 @pytest.fixture(scope="module")
 def workers_of_two_processes(tmp_path_factory):
     """DiLoCo and the BatchNormalization model on 4 processes of one device

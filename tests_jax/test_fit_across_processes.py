@@ -99,7 +99,17 @@ def test_evaluate_gives_the_result_over_every_process_rows(
         ("no_agn", "ValueError", "neither an `AGNOptimizer` nor a"),
         ("train_on_batch", "NotImplementedError", "Use `fit`"),
         ("run_eagerly", "ValueError", "`run_eagerly=False`"),
-        ("distribution", "ValueError", "cannot also run under a"),
+        (
+            "distribution",
+            "ValueError",
+            "the distribution's mesh has 2 devices: a mesh of every "
+            "worker's devices would make every local step synchronous",
+        ),
+        (
+            "distribution_auto_shard",
+            "ValueError",
+            "Pass `auto_shard_dataset=False`",
+        ),
     ],
 )
 def test_what_cannot_run_across_processes_is_refused_alike_on_each(

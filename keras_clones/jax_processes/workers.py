@@ -32,26 +32,60 @@ from keras_clones.replicas import worker_axis
 _PROCESS_AXES = (worker_axis.NAME, worker_axis.PROCESSES)
 
 
+def worker_devices():
+    """This worker's devices by Keras's names (`"gpu:0"`, `"cpu:2048"`),
+    in order: what a `keras.distribution.DeviceMesh` inside the worker
+    takes (`devices=`) across JAX processes."""
+    per_worker = worker_axis.processes_per_worker()
+    first = jax.process_index() // per_worker * per_worker
+    own = range(first, first + per_worker)
+    return [
+        f"{d.platform}:{d.id}"
+        for d in sorted(jax.devices(), key=_id)
+        if d.process_index in own
+    ]
+
+
 class Workers:
     """This run's processes as workers: `processes` processes (this one
     `process`), `count` workers of `per_worker` consecutive processes each
-    (this one's `index`), a worker all its processes' local devices."""
+    (this one's `index`), a worker all its processes' local devices; under
+    a `keras.distribution` over this worker's devices (`distribution`, see
+    `check_within_worker`), each worker's devices laid out as its mesh,
+    which governs the step within the worker."""
 
-    def __init__(self):
+    def __init__(self, distribution=None):
         self.processes = jax.process_count()
         self.process = jax.process_index()
         self.per_worker = worker_axis.processes_per_worker()
         self.count = self.processes // self.per_worker
         self.index = self.process // self.per_worker
         self.devices = sorted(jax.local_devices(), key=lambda d: d.id)
-        self.mesh = _mesh(self.count, self.per_worker)
-        self._broadcast = self.program(
-            _from_chief, lambda specs: specs[0], _PROCESS_AXES
+        self.distribution = distribution
+        if distribution is None:
+            self.mesh = _mesh(self.count, self.per_worker)
+            self._own_mesh = None
+            self._rows = (worker_axis.PROCESSES, worker_axis.DEVICES)
+            self._process_axes = _PROCESS_AXES
+        else:
+            self._own_mesh = distribution.device_mesh.backend_mesh
+            self.mesh = _mesh_of_workers(self._own_mesh, self.count)
+            self._rows = (distribution.batch_dim_name,)
+            self._process_axes = (worker_axis.NAME,)
+        axes = self._process_axes
+        self._broadcast = Program(
+            self,
+            lambda values: _from_chief(values, axes),
+            _first,
+            axes,
+            per_process=True,
         )
-        self._gather = self.program(
-            lambda values: [jax.lax.all_gather(values[0], _PROCESS_AXES)],
+        self._gather = Program(
+            self,
+            lambda values: [jax.lax.all_gather(values[0], axes)],
             lambda specs: PartitionSpec(),
-            _PROCESS_AXES,
+            axes,
+            per_process=True,
         )
 
     @property
@@ -66,23 +100,40 @@ class Workers:
 
     def spec(self, value):
         """How a process's `value` is laid out in a global array (a
-        global array: as it is)."""
+        global array: as it is): its worker's block on axis 0, laid out
+        within the worker as `value` is over its mesh."""
         if _spans_processes(value):
             return value.sharding.spec
         if np.ndim(value) == 0:
             return PartitionSpec()
-        return PartitionSpec(worker_axis.NAME)
+        return _joined(self._own_spec(value), 0)
+
+    def _own_spec(self, value):
+        """How `value` is split over this worker's mesh (a
+        `keras.distribution`'s), or None (whole on each device)."""
+        sharding = getattr(value, "sharding", None)
+        if (
+            self._own_mesh is None
+            or not isinstance(sharding, NamedSharding)
+            or sharding.mesh != self._own_mesh
+            or not any(sharding.spec)
+        ):
+            return None
+        return sharding.spec
 
     def wrap(self, value):
         """This process's array `value` as its worker's part of a global
-        one (a copy on each of its devices; its worker's other processes
-        hold the same)."""
-        copies = [jax.device_put(value, d) for d in self.devices]
-        shape = tuple(copies[0].shape)
+        one (its shards on the devices they are on, or else a copy on each
+        of its devices; its worker's other processes hold the same)."""
+        if self._own_spec(value) is not None:
+            parts = [shard.data for shard in value.addressable_shards]
+        else:
+            parts = [jax.device_put(value, d) for d in self.devices]
+        shape = tuple(value.shape)
         if shape:
             shape = (shape[0] * self.count, *shape[1:])
-        sharding = NamedSharding(self.mesh, self.spec(copies[0]))
-        return jax.make_array_from_single_device_arrays(shape, sharding, copies)
+        sharding = NamedSharding(self.mesh, self.spec(value))
+        return jax.make_array_from_single_device_arrays(shape, sharding, parts)
 
     def wrapped(self, value):
         """`value` as a global array: wrapped (`wrap`), unless it is one
@@ -95,13 +146,23 @@ class Workers:
         """This process's rows (along `axis`) of a batch (a structure of
         arrays) as its part of its worker's (whole on each of its devices:
         a step splits the worker's, `shard_rows`, however many they are)."""
-        rows = PartitionSpec(*[None] * axis, _PROCESS_AXES)
-        sharding = NamedSharding(self.mesh, rows)
-        return jax.tree.map(
-            lambda rows: jax.make_array_from_process_local_data(
-                sharding, np.asarray(rows) if _host(rows) else rows
-            ),
-            batch,
+        return jax.tree.map(lambda rows: self._wrap_rows(rows, axis), batch)
+
+    def _wrap_rows(self, rows, axis):
+        own = self._own_spec(rows)
+        if own is not None:  # As Keras laid it out over the worker's mesh.
+            shape = list(rows.shape)
+            shape[axis] *= self.count
+            sharding = NamedSharding(self.mesh, _joined(own, axis))
+            return jax.make_array_from_single_device_arrays(
+                tuple(shape),
+                sharding,
+                [shard.data for shard in rows.addressable_shards],
+            )
+        spec = PartitionSpec(*[None] * axis, self._process_axes)
+        return jax.make_array_from_process_local_data(
+            NamedSharding(self.mesh, spec),
+            np.asarray(rows) if _host(rows) else rows,
         )
 
     def unwrap(self, value):
@@ -109,7 +170,15 @@ class Workers:
         device's copy; else `value`, with one process the same)."""
         if not _spans_processes(value):
             return value  # One process's (with one, as global).
-        return value.addressable_data(0)
+        own = _without_workers(value.sharding.spec)
+        if self._own_mesh is None or not any(own):
+            return value.addressable_data(0)
+        shape = (value.shape[0] // self.count, *value.shape[1:])
+        return jax.make_array_from_single_device_arrays(
+            shape,
+            NamedSharding(self._own_mesh, own),
+            [shard.data for shard in value.addressable_shards],
+        )
 
     def shard_rows(self, batch):
         """Inside a program: this worker's batch (a structure of arrays)
@@ -117,7 +186,7 @@ class Workers:
         XLA pads inside)."""
         if self.per_worker == 1 and len(self.devices) == 1:
             return batch
-        rows = PartitionSpec((worker_axis.PROCESSES, worker_axis.DEVICES))
+        rows = PartitionSpec(self._rows)
         return jax.tree.map(
             lambda a: (
                 jax.lax.with_sharding_constraint(a, rows) if np.ndim(a) else a
@@ -125,15 +194,18 @@ class Workers:
             batch,
         )
 
-    def program(self, fn, out_specs, axes=(worker_axis.NAME,), donate=()):
-        """`fn` as a `Program` on every process (see `Program`)."""
-        return Program(self, fn, out_specs, axes, donate)
+    def program(self, fn, out_specs, donate=(), keeps_layout=False):
+        """`fn` as a `Program` on every process, manual over the workers
+        (see `Program`)."""
+        return Program(
+            self, fn, out_specs, (worker_axis.NAME,), donate, keeps_layout
+        )
 
     def run(self, program, values):
         """`program` on `values` (structures of this process's arrays),
         its results unwrapped."""
         wrap = self.wrap
-        if program.axes == _PROCESS_AXES:  # Each process's own value.
+        if program.per_process:  # Each process's own value.
             wrap = self._wrap_own
         wrapped = jax.tree.map(wrap, tuple(values))
         return jax.tree.map(self.unwrap, program(*wrapped))
@@ -144,8 +216,10 @@ class Workers:
         value = np.asarray(value)
         if not value.ndim:
             value = value[None]
-        sharding = NamedSharding(self.mesh, PartitionSpec(_PROCESS_AXES))
-        return jax.make_array_from_process_local_data(sharding, value)
+        spec = PartitionSpec(self._process_axes)
+        return jax.make_array_from_process_local_data(
+            NamedSharding(self.mesh, spec), value
+        )
 
     # Small programs.
 
@@ -174,15 +248,29 @@ class Program:
     automatic over each worker's devices), for arguments laid out as their
     values are (`Workers.spec`), its results as `out_specs(in_specs)` (a
     structure of `PartitionSpec`s), the arguments at positions `donate`
-    donated; traced once per layout of its arguments. Call it on global
-    arrays."""
+    donated, and, where it `keeps_layout`, its second result laid out
+    within each worker as its first argument is (a step's state); traced
+    once per layout of its arguments. Call it on global arrays; one
+    `per_process` (manual over the processes) on each process's own
+    (`Workers.run` wraps them so)."""
 
-    def __init__(self, workers, fn, out_specs, axes, donate=()):
+    def __init__(
+        self,
+        workers,
+        fn,
+        out_specs,
+        axes,
+        donate=(),
+        keeps_layout=False,
+        per_process=False,
+    ):
         self._workers = workers
         self._fn = fn
         self._out_specs = out_specs
         self.axes = tuple(axes)
+        self.per_process = per_process
         self._donate = donate
+        self._keeps_layout = keeps_layout
         self._compiled = {}
         self._arguments = {}  # Each layout's arguments, abstract.
 
@@ -196,9 +284,18 @@ class Program:
                 lambda a: _manual(workers.spec(a), self.axes), args
             )
 
+            kept = jax.tree.map(
+                lambda a: _without_workers(workers.spec(a)), args[0]
+            )
+
             def traced(*args):
                 with worker_axis.traced(workers.count):
-                    return self._fn(*args)
+                    results = self._fn(*args)
+                if not self._keeps_layout:
+                    return results
+                first, second, *rest = results
+                second = jax.tree.map(_constrained, second, kept)
+                return (first, second, *rest)
 
             compiled = jax.jit(
                 jax.shard_map(
@@ -246,13 +343,54 @@ def _mesh(workers, per_worker):
     )
 
 
+def _mesh_of_workers(own, workers):
+    """The mesh of `workers` workers, each laid out as this one's mesh
+    `own` (a `keras.distribution`'s, over this process's devices): its
+    axes after `worker_axis.NAME`, each worker's devices where this
+    worker's of the same rank (by id) are."""
+    ranks = {d: r for r, d in enumerate(sorted(own.devices.flat, key=_id))}
+    rows = {}
+    for device in sorted(jax.devices(), key=_id):
+        rows.setdefault(device.process_index, []).append(device)
+    places = np.vectorize(ranks.get, otypes=[int])(own.devices)
+    devices = np.stack([np.array(rows[p])[places] for p in sorted(rows)])
+    return Mesh(devices, (worker_axis.NAME, *own.axis_names))
+
+
+def _id(device):
+    return device.id
+
+
+def _joined(own, axis):
+    """A worker's layout `own` (a `PartitionSpec` over its mesh, or None)
+    with the workers' axis joined at dimension `axis`, outermost."""
+    entries = list(own or ())
+    entries += [None] * (axis + 1 - len(entries))
+    inner = entries[axis]
+    inner = () if inner is None else inner
+    inner = inner if isinstance(inner, tuple) else (inner,)
+    joined = (worker_axis.NAME, *inner)
+    entries[axis] = joined if len(joined) > 1 else joined[0]
+    return PartitionSpec(*entries)
+
+
+def _without_workers(spec):
+    """`spec` without the workers' axis: the layout within a worker."""
+    return _kept(spec, lambda name: name != worker_axis.NAME)
+
+
 def _manual(spec, axes):
     """`spec` as `jax.shard_map` takes it, over the manual mesh axes
     `axes`: the others left out (automatic, XLA keeps the layout)."""
+    return _kept(spec, lambda name: name in axes)
+
+
+def _kept(spec, keeps):
+    """`spec` with the mesh axes that `keeps` (a predicate) only."""
 
     def kept(entry):
         names = entry if isinstance(entry, tuple) else (entry,)
-        names = tuple(n for n in names if n in axes)
+        names = tuple(n for n in names if n is not None and keeps(n))
         if not names:
             return None
         return names[0] if len(names) == 1 else names
@@ -260,18 +398,32 @@ def _manual(spec, axes):
     return PartitionSpec(*map(kept, spec))
 
 
-def _from_chief(values):
+def _constrained(value, spec):
+    """Inside a program: `value` laid out within its worker as `spec`
+    says (a scalar, or a `spec` that splits nothing: as it is)."""
+    if not np.ndim(value) or not any(spec):
+        return value
+    return jax.lax.with_sharding_constraint(value, spec)
+
+
+def _first(specs):
+    return specs[0]
+
+
+def _from_chief(values, axes):
+    """`values` of process 0, in a program manual over the processes'
+    `axes`."""
     import jax.numpy as jnp
     from jax import lax
 
-    chief = lax.axis_index(_PROCESS_AXES) == 0
+    chief = lax.axis_index(axes) == 0
     kept = []
     for value in values:
         as_int = value.dtype == jnp.bool_
         if as_int:
             value = value.astype(jnp.int32)
         kept.append(jnp.where(chief, value, jnp.zeros_like(value)))
-    summed = worker_axis.total(kept, _PROCESS_AXES)
+    summed = worker_axis.total(kept, axes)
     return [
         s.astype(jnp.bool_) if v.dtype == jnp.bool_ else s
         for s, v in zip(summed, values)

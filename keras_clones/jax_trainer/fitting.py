@@ -56,6 +56,7 @@ from keras_clones.agn.optimizer import agn_of
 from keras_clones.jax_processes import backup
 from keras_clones.jax_processes import exits
 from keras_clones.jax_processes.workers import Workers
+from keras_clones.jax_processes.workers import worker_devices
 from keras_clones.jax_trainer import first_step
 from keras_clones.jax_trainer import period_programs
 from keras_clones.jax_trainer import train_function
@@ -73,9 +74,11 @@ _evaluation_logs = weakref.WeakKeyDictionary()
 
 
 def workers():
-    """This run's `Workers` (made on first use)."""
-    if not _WORKERS:
-        _WORKERS.append(Workers())
+    """This run's `Workers` (made on first use), laid out by the
+    `keras.distribution` in effect (none, or one within each worker)."""
+    distribution = keras.distribution.distribution()
+    if not _WORKERS or _WORKERS[0].distribution is not distribution:
+        _WORKERS[:] = [Workers(distribution)]
     return _WORKERS[0]
 
 
@@ -116,17 +119,9 @@ def across_processes(model):
     distribution = keras.distribution.distribution()
     agn = agn_of(model.optimizer)
     if distribution is not None:
-        if agn is not None and several:
-            raise ValueError(
-                "An AGNOptimizer trains across JAX processes by itself (each "
-                "process takes its own local steps, over all its local "
-                "devices, the batch split over them), so it cannot also run "
-                f"under a `keras.distribution` ({distribution!r}). Remove "
-                "`keras.distribution.set_distribution(...)`: a process of "
-                "several devices is one worker of them all. Or use the "
-                "inner optimizer alone under the distribution."
-            )
-        return False
+        if agn is None or not several:
+            return False
+        check_within_worker(distribution)
     if agn is None:
         if not several:
             return False
@@ -146,6 +141,52 @@ def across_processes(model):
             "`run_eagerly=False` and `jit_compile=True` (the defaults)."
         )
     return True
+
+
+# The form of a `keras.distribution` within each worker, for messages.
+_WITHIN_A_WORKER = (
+    "keras.distribution.ModelParallel(layout_map=keras.distribution."
+    "LayoutMap(keras.distribution.DeviceMesh(shape, axis_names, "
+    "devices=keras_clones.worker_devices())), batch_dim_name=..., "
+    "auto_shard_dataset=False)"
+)
+
+
+def check_within_worker(distribution):
+    """Refuses a `keras.distribution` that cannot govern the step within
+    each worker beside an `AGNOptimizer` across the workers: one over
+    other devices than this worker's (`worker_devices`), with
+    `auto_shard_dataset` (each process feeds its own rows), or over a
+    worker of several processes."""
+    if worker_axis.processes_per_worker() > 1:
+        raise ValueError(
+            "Under a `keras.distribution` an AGNOptimizer's worker is one "
+            "JAX process for now, but "
+            f"{worker_axis.PROCESSES_PER_WORKER}="
+            f"{worker_axis.processes_per_worker()}. Start one process a "
+            "worker (with all its devices), or train without the "
+            "distribution (a worker of several processes is then data "
+            "parallel)."
+        )
+    own = jax.local_devices()
+    mesh = distribution.device_mesh.backend_mesh.devices.flat
+    if set(mesh) != set(own):
+        raise ValueError(
+            "Across JAX processes an AGNOptimizer trains each worker under "
+            "its own `keras.distribution`, over this worker's devices "
+            f"({len(own)}: {worker_devices()}), but the distribution's "
+            f"mesh has {len(list(distribution.device_mesh.devices.flat))} "
+            "devices: a mesh of every worker's devices would make every "
+            "local step synchronous across the workers. Build its mesh on "
+            f"`keras_clones.worker_devices()`: {_WITHIN_A_WORKER}."
+        )
+    if distribution.auto_shard_dataset:
+        raise ValueError(
+            "Across JAX processes each process feeds its own rows to its "
+            "worker, but the `keras.distribution` shards the dataset "
+            "across processes (`auto_shard_dataset=True`, Keras's "
+            f"default). Pass `auto_shard_dataset=False`: {_WITHIN_A_WORKER}."
+        )
 
 
 def trains_across(model):

@@ -57,7 +57,7 @@ def make(model, workers):
             with traced(ending):
                 return model.train_step(state, workers.shard_rows(batch))
 
-        return workers.program(step, specs, donate=(0,))
+        return workers.program(step, specs, donate=(0,), keeps_layout=True)
 
     def scanned_program(ending):
         """An execution's steps in one program (a `lax.scan`), its last
@@ -80,7 +80,7 @@ def make(model, workers):
                     logs, state = model.train_step(state, last)
             return logs, state
 
-        return workers.program(steps, specs, donate=(0,))
+        return workers.program(steps, specs, donate=(0,), keeps_layout=True)
 
     def program(kind, ending):
         made = programs.get((kind, ending))

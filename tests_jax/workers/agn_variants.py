@@ -48,6 +48,8 @@ def run(out, name, steps_per_execution):
     process = jax.process_index()
     options, inner, _, outer, _ = variants.VARIANTS[name]
     x, y = variants.data(process, nan="nan" in name)
+    if "model_parallel" in name:
+        keras.distribution.set_distribution(variants.model_parallel())
     # Different on each process.
     model = variants.mlp(seed=process, lazy="lazy" in name)
     model.compile(
@@ -79,7 +81,14 @@ def run(out, name, steps_per_execution):
         skipped=history.history.get("skipped_steps", []),
         rounds=int(optimizer.communication_rounds.numpy()),
         iterations=int(optimizer.iterations.numpy()),
+        trainable=[v.path for v in model.trainable_variables],
+        # Each variable's: path, layout, the share a device holds.
+        layouts=[
+            (v.path, str(getattr(v.value.sharding, "spec", "")), shard_share(v))
+            for v in [*model.weights, *optimizer.variables]
+        ],
     )
+    keras.distribution.set_distribution(None)
     if process == 0:  # Each program of steps: (kind, periods ended): text.
         programs = start.train_function.step_programs
         texts = {
@@ -90,6 +99,12 @@ def run(out, name, steps_per_execution):
         with open(f"{out}/{name}.steps.{steps_per_execution}.json", "w") as f:
             json.dump(texts, f)
     print(f"variant {name} at {steps_per_execution} done", flush=True)
+
+
+def shard_share(variable):
+    """The share of `variable` its first device holds."""
+    value = variable.value
+    return value.addressable_shards[0].data.size / max(value.size, 1)
 
 
 def run_batch_norm(out, steps_per_execution):

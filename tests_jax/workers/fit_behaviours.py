@@ -16,6 +16,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import variants  # noqa: E402
 
+import keras_clones  # noqa: E402
 from keras_clones import AGNOptimizer  # noqa: E402
 from keras_clones.callbacks import InfNanCheck  # noqa: E402
 from keras_clones.callbacks import PostInitCopy  # noqa: E402
@@ -189,10 +190,21 @@ def main():
     found["run_eagerly"] = error_of(
         lambda: compiled(run_eagerly=True).fit(x, y, verbose=0)
     )
-    model = compiled()
-    keras.distribution.set_distribution(keras.distribution.DataParallel())
-    found["distribution"] = error_of(lambda: model.fit(x, y, verbose=0))
-    keras.distribution.set_distribution(None)
+    # A distribution over every worker's devices, and one over this
+    # worker's that shards the dataset across processes.
+    for case, distribution in (
+        ("distribution", keras.distribution.DataParallel()),
+        (
+            "distribution_auto_shard",
+            keras.distribution.DataParallel(
+                devices=keras_clones.worker_devices()
+            ),
+        ),
+    ):
+        model = compiled()  # Outside: its variables differ by process.
+        keras.distribution.set_distribution(distribution)
+        found[case] = error_of(lambda: model.fit(x, y, verbose=0))
+        keras.distribution.set_distribution(None)
     # Refused before any collective shaped by the model (a width or a
     # period that differs would abort in gloo), and the processes go on.
     for difference in DIFFERENCES:

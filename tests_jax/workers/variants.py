@@ -46,6 +46,9 @@ VARIANTS["contrib_int4_fragments"] = (
 )
 QUANTIZED = ("diloco_int8", "contrib_int4_fragments")
 VARIANTS["diloco_lazy"] = RULES["diloco"]  # A subclassed model built late.
+# Under `keras.distribution.ModelParallel` within each worker
+# (`model_parallel`): the same rule, its state split as the variables.
+VARIANTS["diloco_model_parallel"] = RULES["diloco"]
 
 
 # The variants also trained at 3 steps per execution (the steps of an
@@ -60,6 +63,7 @@ SCANNED = (
     "contrib_nan",
     "contrib_int4_fragments",
     "bn_uneven",
+    "diloco_model_parallel",
 )
 
 
@@ -87,6 +91,22 @@ def resume_data(process):
     x, y = data(process)
     rows = RESUME_BATCHES * BATCH
     return x[:rows], y[:rows]
+
+
+def model_parallel():
+    """`keras.distribution.ModelParallel` within this worker: its 2 devices
+    as a (1, 2) mesh, the kernels and biases split over "model"."""
+    import keras_clones
+
+    mesh = keras.distribution.DeviceMesh(
+        (1, 2), ("batch", "model"), devices=keras_clones.worker_devices()
+    )
+    layouts = keras.distribution.LayoutMap(mesh)
+    layouts[".*dense.*kernel"] = (None, "model")
+    layouts[".*dense.*bias"] = ("model",)
+    return keras.distribution.ModelParallel(
+        layout_map=layouts, batch_dim_name="batch", auto_shard_dataset=False
+    )
 
 
 def mlp(seed, lazy=False):
