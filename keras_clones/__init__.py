@@ -52,13 +52,9 @@ def import_all():
 
         module.CloneModel = CloneModel
         module.DeploymentConfig = DeploymentConfig
-        module.worker_devices = _worker_devices_on_tensorflow
         return
     from keras_clones.jax_processes import exits
-    from keras_clones.jax_processes.workers import worker_devices
     from keras_clones.jax_trainer import overrides
-
-    module.worker_devices = worker_devices
 
     # `fit` across JAX processes.
     overrides.install()
@@ -73,15 +69,34 @@ def import_all():
     module.__getattr__ = __getattr__
 
 
-def _worker_devices_on_tensorflow():
-    """`worker_devices` where Keras runs on TensorFlow: refused."""
-    raise RuntimeError(
-        "`keras_clones.worker_devices()` gives a JAX worker's devices, for a "
-        "`keras.distribution` inside it, so it needs Keras's JAX backend, "
-        "but Keras is set to the 'tensorflow' backend. On TensorFlow a "
-        "worker's devices are its `CloneModel`'s clones "
-        "(`DeploymentConfig(num_clones=...)`)."
+def worker_devices():
+    """This worker's devices by Keras's names (`"gpu:0"`, `"cpu:2048"`),
+    across JAX processes: what a `keras.distribution.DeviceMesh` inside
+    the worker takes (`devices=`), so that Keras's distribution governs
+    the step within the worker and an `AGNOptimizer` runs across the
+    workers (docs/jax_processes.md, "Workers of many devices").
+
+    Example:
+
+    ```python
+    mesh = keras.distribution.DeviceMesh(
+        (1, 2), ("batch", "model"), devices=keras_clones.worker_devices()
     )
+    ```
+    """
+    from keras_clones._tensorflow import ON_TENSORFLOW
+
+    if ON_TENSORFLOW:
+        raise RuntimeError(
+            "`keras_clones.worker_devices()` gives a JAX worker's devices, "
+            "for a `keras.distribution` inside it, so it needs Keras's JAX "
+            "backend, but Keras is set to the 'tensorflow' backend. On "
+            "TensorFlow a worker's devices are its `CloneModel`'s clones "
+            "(`DeploymentConfig(num_clones=...)`)."
+        )
+    from keras_clones.jax_processes import workers
+
+    return workers.worker_devices()
 
 
 if sys.argv[:1] != ["-m"]:

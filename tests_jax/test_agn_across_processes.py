@@ -190,22 +190,25 @@ def test_model_parallel_within_each_worker_splits_every_state_of_a_variable(
 
 @pytest.fixture(scope="module")
 def workers_of_two_processes(tmp_path_factory):
-    """DiLoCo and the BatchNormalization model on 4 processes of one device
-    each, as 2 workers of 2 processes (`--processes-per-worker 2`)."""
+    """DiLoCo (its steps scanned: an execution of 3 steps) and the
+    BatchNormalization model (a step an execution) on 4 processes of one
+    device each, as 2 workers of 2 processes (`--processes-per-worker
+    2`); the resume onto this layout (test_backups_across_processes.py)
+    steps one at a time."""
     out = tmp_path_factory.mktemp("workers_of_two_processes")
     script = WORKERS / "agn_variants.py"
     result = launch(
-        "--processes-per-worker", 2, script, out, "diloco", "bn_uneven"
+        "--processes-per-worker", 2, script, out, "diloco@3", "bn_uneven@1"
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     return out, result
 
 
-@pytest.mark.parametrize("steps_per_execution", variants.executions("diloco"))
 def test_two_workers_of_two_processes_are_agn_by_hand_on_their_rows_together(
-    workers_of_two_processes, one_process_floor, steps_per_execution
+    workers_of_two_processes, one_process_floor
 ):
     out, _ = workers_of_two_processes
+    steps_per_execution = 3
     got = [
         np.load(out / f"diloco.{steps_per_execution}.{p}.npz") for p in range(4)
     ]
@@ -232,12 +235,10 @@ def test_two_workers_of_two_processes_are_agn_by_hand_on_their_rows_together(
     assert np.abs(got[0]["local"] - alone.local[0]).max() > 10 * atol
 
 
-@pytest.mark.parametrize(
-    "steps_per_execution", variants.executions("bn_uneven")
-)
 def test_batch_normalization_on_a_worker_of_two_processes_is_one_devices_step(
-    workers_of_two_processes, steps_per_execution
+    workers_of_two_processes,
 ):
+    steps_per_execution = 1
     # The moments of the worker's 14 rows, 7 from each process.
     out, _ = workers_of_two_processes
     saved = []
@@ -263,7 +264,7 @@ def test_the_launcher_names_processes_and_their_workers(
         "starting 4 processes as 2 workers of 2 processes each" in result.stderr
     )
     for process in range(4):
-        assert f"[process {process}] variant diloco at 1 done" in result.stdout
+        assert f"[process {process}] variant diloco at 3 done" in result.stdout
     assert "[worker " not in result.stdout
 
 

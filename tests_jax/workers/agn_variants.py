@@ -5,8 +5,8 @@ on 2 processes and checks each against AGN by hand (tests/reference).
 
 `agn_variants.py OUT NAME...`: each variant NAME of `variants.VARIANTS`
 (or "bn_uneven") at each of its `steps_per_execution` K
-(`variants.executions`), the Ks in turn; each process writes
-`OUT/NAME.K.PROCESS.npz`.
+(`variants.executions`; `NAME@K` at K alone), the Ks in turn; each
+process writes `OUT/NAME.K.PROCESS.npz`.
 """
 
 import json
@@ -37,8 +37,10 @@ class WeightsAtStart(keras.callbacks.Callback):
 def main():
     out, names = sys.argv[1], sys.argv[2:]
     for steps_per_execution in (1, 3):
-        for name in names:
-            if steps_per_execution in variants.executions(name):
+        for given in names:
+            name, _, only = given.partition("@")
+            at = (int(only),) if only else variants.executions(name)
+            if steps_per_execution in at:
                 run(out, name, steps_per_execution)
 
 
