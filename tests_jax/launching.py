@@ -41,10 +41,13 @@ def launch(*args, compiled, workers=2, devices=1, timeout=240):
     `devices` CPU devices per process (by default one, not the two of
     tests_jax/conftest.py); its completed process."""
     env = dict(os.environ, KERAS_BACKEND="jax", **compiled.environment())
-    env.pop("XLA_FLAGS", None)
+    # XLA's backend optimizations off: a fifth less compile time (a step
+    # rounds as before to within 5e-7 of these tiny models' weights: the
+    # tests' tolerances are their float32 floors, 2e-6 at least).
+    flags = ["--xla_backend_optimization_level=0"]
     if devices > 1:
-        flag = f"--xla_force_host_platform_device_count={devices}"
-        env["XLA_FLAGS"] = flag
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+    env["XLA_FLAGS"] = " ".join(flags)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(WORKERS), python_path_with_tests()]
     )
