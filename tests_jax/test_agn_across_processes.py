@@ -97,7 +97,11 @@ def test_each_variant_across_two_processes_is_agn_by_hand(
 # The outer optimizers' gain on one number of a commit, summed over the
 # steps it takes: DiLoCo's SGD(0.7, momentum 0.9), and the contrib rule's
 # copy of the inner SGD(0.1, momentum 0.9).
-GAINS = {"diloco_int8": 0.7 / (1 - 0.9), "contrib_int4_fragments": 1.0}
+GAINS = {
+    "diloco_int8": 0.7 / (1 - 0.9),
+    "diloco_int8_model_parallel": 0.7 / (1 - 0.9),
+    "contrib_int4_fragments": 1.0,
+}
 
 
 @pytest.mark.parametrize(
@@ -198,7 +202,13 @@ def workers_of_two_processes(tmp_path_factory):
     out = tmp_path_factory.mktemp("workers_of_two_processes")
     script = WORKERS / "agn_variants.py"
     result = launch(
-        "--processes-per-worker", 2, script, out, "diloco@3", "bn_uneven@1"
+        "--processes-per-worker",
+        2,
+        script,
+        out,
+        "diloco@3",
+        "bn_uneven@1",
+        "model_parallel_refused",
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     return out, result
@@ -254,6 +264,18 @@ def test_batch_normalization_on_a_worker_of_two_processes_is_one_devices_step(
         )
         for got, want in zip(end, expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+
+
+def test_a_distribution_over_a_worker_of_several_processes_is_refused(
+    workers_of_two_processes,
+):
+    out, _ = workers_of_two_processes
+    for process in range(4):
+        said = json.loads((out / f"refused.{process}.json").read_text())
+        assert said.startswith(
+            "Under a `keras.distribution` an AGNOptimizer's worker is one "
+            "JAX process for now, but KERAS_CLONES_PROCESSES_PER_WORKER=2."
+        )
 
 
 def test_the_launcher_names_processes_and_their_workers(

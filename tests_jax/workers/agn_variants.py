@@ -47,6 +47,8 @@ def main():
 def run(out, name, steps_per_execution):
     if name == "bn_uneven":
         return run_batch_norm(out, steps_per_execution)
+    if name == "model_parallel_refused":
+        return run_refused(out)
     process = jax.process_index()
     options, inner, _, outer, _ = variants.VARIANTS[name]
     x, y = variants.data(process, nan="nan" in name)
@@ -101,6 +103,27 @@ def run(out, name, steps_per_execution):
         with open(f"{out}/{name}.steps.{steps_per_execution}.json", "w") as f:
             json.dump(texts, f)
     print(f"variant {name} at {steps_per_execution} done", flush=True)
+
+
+def run_refused(out):
+    """`fit` under `variants.model_parallel()` over a worker of several
+    processes: the error each process raises, to OUT/refused.PROCESS.json."""
+    process = jax.process_index()
+    x, y = variants.data(process)
+    options, inner, _, outer, _ = variants.VARIANTS["diloco"]
+    model = variants.mlp(seed=0)  # Outside: a mesh spans the processes.
+    model.compile(keras_clones_agn(inner, outer, options), "mse")
+    keras.distribution.set_distribution(variants.model_parallel())
+    try:
+        model.fit(x, y, batch_size=variants.BATCH, verbose=0)
+        raised = None
+    except ValueError as error:
+        raised = str(error)
+    finally:
+        keras.distribution.set_distribution(None)
+    with open(f"{out}/refused.{process}.json", "w") as f:
+        json.dump(raised, f)
+    print("variant model_parallel_refused done", flush=True)
 
 
 def shard_share(variable):

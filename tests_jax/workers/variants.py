@@ -44,7 +44,14 @@ VARIANTS["contrib_int4_fragments"] = (
     dict(RULES["contrib"][0], communication_dtype="int4", fragments=2),
     *RULES["contrib"][1:],
 )
-QUANTIZED = ("diloco_int8", "contrib_int4_fragments")
+# Under `ModelParallel` too (`model_parallel`): its blocks of 128 are the
+# flattened commit's, as XLA lays the logical arrays out, not a shard's.
+VARIANTS["diloco_int8_model_parallel"] = VARIANTS["diloco_int8"]
+QUANTIZED = (
+    "diloco_int8",
+    "contrib_int4_fragments",
+    "diloco_int8_model_parallel",
+)
 VARIANTS["diloco_lazy"] = RULES["diloco"]  # A subclassed model built late.
 # Under `keras.distribution.ModelParallel` within each worker
 # (`model_parallel`): the same rule, its state split as the variables.
