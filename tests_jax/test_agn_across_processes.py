@@ -192,6 +192,27 @@ def test_model_parallel_within_each_worker_splits_every_state_of_a_variable(
                 assert layouts[state] == (spec, 0.5), state
 
 
+def test_model_parallel_sends_each_devices_share_across_the_workers(
+    variants_out,
+):
+    # Under `ModelParallel` within each worker, a period's end reduces the
+    # flat commit of the model's 34 weights as XLA lays it out: each device
+    # all-reduces its half with its counterpart on the other worker (the
+    # pieces gathered within the worker first, on its own link); a step
+    # that ends no period sends nothing across.
+    path = variants_out / "diloco_model_parallel.steps.1.json"
+    texts = json.loads(path.read_text())
+    programs = {ast.literal_eval(key): text for key, text in texts.items()}
+    assert set(programs) == {("step", ()), ("step", (0,))}
+    assert collectives(programs["step", ()]) == {}
+    found = collectives(programs["step", (0,)])
+    lines = [line for lines in found.values() for line in lines]
+    assert [
+        int(re.search(r"= f32\[(\d+)\]", line).group(1)) for line in lines
+    ] == [17]
+    assert " all-reduce(" in lines[0]
+
+
 @pytest.fixture(scope="module")
 def workers_of_two_processes(tmp_path_factory):
     """DiLoCo (its steps scanned: an execution of 3 steps) and the
