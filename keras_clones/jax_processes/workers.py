@@ -38,11 +38,11 @@ def worker_devices():
     takes (`devices=`) across JAX processes."""
     per_worker = worker_axis.processes_per_worker()
     first = jax.process_index() // per_worker * per_worker
-    own = range(first, first + per_worker)
+    rows = _devices_by_process()
     return [
         f"{d.platform}:{d.id}"
-        for d in sorted(jax.devices(), key=_id)
-        if d.process_index in own
+        for process in range(first, first + per_worker)
+        for d in rows[process]
     ]
 
 
@@ -60,7 +60,7 @@ class Workers:
         self.per_worker = worker_axis.processes_per_worker()
         self.count = self.processes // self.per_worker
         self.index = self.process // self.per_worker
-        self.devices = sorted(jax.local_devices(), key=lambda d: d.id)
+        self.devices = sorted(jax.local_devices(), key=_id)
         self.distribution = distribution
         if distribution is None:
             self.mesh = _mesh(self.count, self.per_worker)
@@ -284,7 +284,7 @@ class Program:
                 lambda a: _manual(workers.spec(a), self.axes), args
             )
 
-            kept = jax.tree.map(
+            kept = self._keeps_layout and jax.tree.map(
                 lambda a: _without_workers(workers.spec(a)), args[0]
             )
 
@@ -325,9 +325,7 @@ class Program:
 def _mesh(workers, per_worker):
     """The mesh of `workers` workers of `per_worker` processes each, in
     the processes' order, each process's devices in their order."""
-    rows = {}
-    for device in sorted(jax.devices(), key=lambda d: d.id):
-        rows.setdefault(device.process_index, []).append(device)
+    rows = _devices_by_process()
     counts = sorted({len(devices) for devices in rows.values()})
     if len(counts) > 1:
         raise ValueError(
@@ -349,12 +347,18 @@ def _mesh_of_workers(own, workers):
     axes after `worker_axis.NAME`, each worker's devices where this
     worker's of the same rank (by id) are."""
     ranks = {d: r for r, d in enumerate(sorted(own.devices.flat, key=_id))}
-    rows = {}
-    for device in sorted(jax.devices(), key=_id):
-        rows.setdefault(device.process_index, []).append(device)
+    rows = _devices_by_process()
     places = np.vectorize(ranks.get, otypes=[int])(own.devices)
     devices = np.stack([np.array(rows[p])[places] for p in sorted(rows)])
     return Mesh(devices, (worker_axis.NAME, *own.axis_names))
+
+
+def _devices_by_process():
+    """`{process index: its devices, in order}` of every process."""
+    rows = {}
+    for device in sorted(jax.devices(), key=_id):
+        rows.setdefault(device.process_index, []).append(device)
+    return rows
 
 
 def _id(device):
