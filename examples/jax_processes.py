@@ -13,6 +13,17 @@ steps; only process 0 prints. Kill a process and launch again with the
 same command: `BackupAndRestore` resumes every process from its own state.
 `--workers 1` runs the same script in one process.
 
+A process with several devices is one worker of all of them (GPUs, or
+`XLA_FLAGS=--xla_force_host_platform_device_count=2` on CPU): its steps
+are synchronous over its devices, AGN runs across the workers.
+`--model-parallel` splits the Dense kernels over the worker's devices
+with Keras's `ModelParallel`, on `keras_clones.worker_devices()`; each
+variable's AGN state is then split as the variable is:
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 KERAS_BACKEND=jax \
+        python -m keras_clones.launch --workers 2 \
+        examples/jax_processes.py --model-parallel
+
 The data is generated: ten classes of 20 features from a random teacher
 network, the same on every process (one seed), each process taking every
 N-th row from its own index on.
@@ -27,6 +38,7 @@ keras.distribution.initialize()  # First: before any other Keras object.
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+import keras_clones  # noqa: E402
 from keras_clones import AGNOptimizer  # noqa: E402
 
 
@@ -39,11 +51,32 @@ def data(rows=8192, features=20, classes=10, seed=0):
     return x, y
 
 
+def split_dense_kernels_over_the_worker():
+    """Keras's `ModelParallel` inside this worker: a mesh of the worker's
+    devices only (`keras_clones.worker_devices()`), the Dense kernels
+    split by their output units over "model"; each process feeds its own
+    rows (`auto_shard_dataset=False`)."""
+    devices = keras_clones.worker_devices()
+    mesh = keras.distribution.DeviceMesh(
+        (1, len(devices)), ("batch", "model"), devices=devices
+    )
+    layouts = keras.distribution.LayoutMap(mesh)
+    layouts[".*dense.*kernel"] = (None, "model")
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(
+            layout_map=layouts, batch_dim_name="batch", auto_shard_dataset=False
+        )
+    )
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--backup", default="/tmp/keras_clones_jax_backup")
+    parser.add_argument("--model-parallel", action="store_true")
     options = parser.parse_args()
+    if options.model_parallel:
+        split_dense_kernels_over_the_worker()
 
     x, y = data()
     test = slice(None, len(x) // 8)
@@ -87,6 +120,9 @@ def main():
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
     if jax.process_index() == 0:
         print(f"held-out accuracy of the centers: {accuracy:.3f}")
+        kernel = model.layers[0].kernel.value
+        held = kernel.addressable_shards[0].data.shape
+        print(f"a device holds {held} of the first kernel's {kernel.shape}")
 
 
 if __name__ == "__main__":

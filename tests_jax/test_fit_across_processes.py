@@ -2,7 +2,8 @@
 (tests_jax/workers/fit_behaviours.py on 2 processes): progress bars, stops
 and nan checks on every process alike, `PostInitCopy`, `evaluate`, files
 written once; what is refused alike on each (processes that disagree on
-the model, one that runs alone, parameter servers); the example."""
+the model, one that runs alone, parameter servers); the example, on 2
+workers of 2 devices with its kernels split by `ModelParallel`."""
 
 import json
 import os
@@ -237,11 +238,21 @@ def test_parameter_servers_on_jax_are_refused_by_the_launcher(tmp_path):
     assert "--ps needs Keras's TensorFlow backend" in result.stderr
 
 
-def test_the_example_trains_across_two_processes(tmp_path):
+def test_the_example_trains_two_workers_of_two_devices_its_kernels_split(
+    tmp_path,
+):
     example = (
         pathlib.Path(__file__).parents[1] / "examples" / "jax_processes.py"
     )
-    result = launch(example, "--epochs", 1, "--backup", tmp_path / "backup")
+    result = launch(
+        example,
+        "--epochs",
+        1,
+        "--backup",
+        tmp_path / "backup",
+        "--model-parallel",
+        devices=2,
+    )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     said = re.search(
         r"\[worker 0\] held-out accuracy of the centers: ([\d.]+)",
@@ -249,3 +260,6 @@ def test_the_example_trains_across_two_processes(tmp_path):
     )
     assert said and float(said.group(1)) > 0.5  # Ten classes: 0.1 by chance.
     assert "[worker 1] held-out" not in result.stdout
+    assert "a device holds (20, 32) of the first kernel's (20, 64)" in (
+        result.stdout
+    )

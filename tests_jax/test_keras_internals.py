@@ -28,8 +28,13 @@ def test_the_overrides_replace_keras_methods_it_calls_once():
             assert inspect.signature(ours) == inspect.signature(theirs)
             # Keras's own, not an override of another library's.
             assert theirs.__module__.startswith("keras.src.")
-    # Keras's `fit` and `evaluate` reach the private ones through `self`.
-    for name in ("make_train_function", "_get_metrics_result_or_logs"):
+    # Keras's `fit`, `evaluate` and `predict` reach these through `self`.
+    for name in (
+        "make_train_function",
+        "make_test_function",
+        "make_predict_function",
+        "_get_metrics_result_or_logs",
+    ):
         assert f"self.{name}(" in source
 
 

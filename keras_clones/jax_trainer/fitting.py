@@ -26,7 +26,9 @@ is (or wraps) an `AGNOptimizer`, `fit`:
   from them (`TerminateOnNaN`, `InfNanCheck`) stops every process at the
   same step;
 - logs, as `evaluate` returns, every metric's result from its state
-  summed over the processes;
+  summed over the processes; on a worker of several CPU devices,
+  `evaluate` and `predict` take their steps one at a time
+  (`_one_step_in_flight`);
 - writes files once: `model.save` and `save_weights` (and so
   `ModelCheckpoint`) write on process 0 alone, `CSVLogger` and
   `TensorBoard` run there alone, and `keras.callbacks.BackupAndRestore`
@@ -41,6 +43,7 @@ rather than in every step (`keras_clones.jax_trainer.first_step`).
 Keras's `JAXTrainer`; each calls Keras's own where it does not act.
 """
 
+import functools
 import inspect
 import os
 import sys
@@ -428,6 +431,49 @@ def make_train_function(keras_make, model, force=False):
     model.train_function = function
 
 
+def make_test_function(keras_make, model, force=False):
+    """Keras's `make_test_function`, its steps one at a time where
+    `_one_step_in_flight` says."""
+    keras_make(model, force)
+    model.test_function = _one_step_in_flight(model, model.test_function)
+
+
+def make_predict_function(keras_make, model, force=False):
+    """Keras's `make_predict_function`, its steps one at a time where
+    `_one_step_in_flight` says."""
+    keras_make(model, force)
+    model.predict_function = _one_step_in_flight(model, model.predict_function)
+    return model.predict_function
+
+
+def _one_step_in_flight(model, function):
+    """Keras's test or predict `function`, waiting for each step's results
+    before it returns, across processes on a worker of several CPU
+    devices. XLA's CPU client runs each device's part of a program on a
+    thread pool, in no set order across programs, each part taking one
+    of its device's slots for programs in flight. Keras's `evaluate` and
+    `predict` do not wait between steps, so with many in flight a
+    device's part of one step can wait for a slot that later steps hold
+    while its peer waits for it in the step's collective: a deadlock (in
+    2 runs in 28 of `examples/jax_processes.py --model-parallel` on 2 CPU
+    devices a worker, before this). `fit`'s steps wait already (the host
+    reads the step count)."""
+    if function is None or getattr(function, "one_step_in_flight", False):
+        return function
+    devices = jax.local_devices()
+    if len(devices) < 2 or devices[0].platform != "cpu":
+        return function
+    if not trains_across(model):
+        return function
+
+    @functools.wraps(function)
+    def one_step_in_flight(*args):
+        return jax.block_until_ready(function(*args))
+
+    one_step_in_flight.one_step_in_flight = True
+    return one_step_in_flight
+
+
 def metrics_result_or_logs(keras_result, model, logs):
     """Keras's `_get_metrics_result_or_logs`; across processes, every
     metric's result from its state summed over them (`fit`'s epoch logs
@@ -485,6 +531,8 @@ def train_on_batch(keras_train_on_batch, model, *args, **kwargs):
 STAND_INS = {
     "fit": fit,
     "make_train_function": make_train_function,
+    "make_test_function": make_test_function,
+    "make_predict_function": make_predict_function,
     "_get_metrics_result_or_logs": metrics_result_or_logs,
     "train_on_batch": train_on_batch,
     "jax_state_sync": jax_state_sync,

@@ -15,6 +15,8 @@ from keras_clones import _keras_internals as internals
 JAX_TRAINER_OVERRIDES = (
     "fit",
     "make_train_function",
+    "make_test_function",
+    "make_predict_function",
     "_get_metrics_result_or_logs",
     "train_on_batch",
     "jax_state_sync",
