@@ -3,10 +3,12 @@
 Model averaging (p=64, bfloat16 commits) against synchronous training
 under `keras.distribution.DataParallel`, on `bench/wan.py`'s task and
 target: steps to the target (unshaped) times ms per step at 100 Mbit/s
-(`bench/netns.py`, as root). What and how:
+(`bench/netns.py`, as root). `--devices-per-process 2`: each process a
+worker of 2 (host) devices, DataParallel then over all 4. What and how:
 docs/benchmarks/slow_links.md#wan_jax.
 
-    python bench/wan_jax.py [--quick] [--out DIR] [--from-json PATH]
+    python bench/wan_jax.py [--quick] [--devices-per-process D]
+                            [--out DIR] [--from-json PATH]
 """
 
 import contextlib
@@ -34,6 +36,13 @@ QUICK_BLOCKS = {SYNC: (1, 1, 2), AVERAGE: (2, 8, 2)}
 SEEDS = (0, 1, 2)
 TIMEOUT = 1800
 LINK = "100mbit"
+FLAGS = [
+    harness.Flag(
+        "--devices-per-process",
+        1,
+        help="CPU devices per process (each process a worker of them)",
+    )
+]
 
 
 # The worker: one process of a launch.
@@ -158,7 +167,7 @@ def batches(np, x, y, seed, mine):
 # The driver.
 
 
-def launch(config, seeds, epochs, quick, namespace=None, timed=False):
+def launch(config, seeds, epochs, args, namespace=None, timed=False):
     """One launch of 2 JAX processes: the chief's records, or None."""
     arguments = launching.worker_arguments(
         __file__,
@@ -166,10 +175,13 @@ def launch(config, seeds, epochs, quick, namespace=None, timed=False):
         seeds=seeds,
         epochs=epochs,
         timed=timed,
-        quick=quick,
+        quick=args.quick,
     )
     env = dict(os.environ, KERAS_BACKEND="jax")
-    env.pop("XLA_FLAGS", None)  # One device per process.
+    env.pop("XLA_FLAGS", None)  # One device per process, unless:
+    devices = args.devices_per_process
+    if devices > 1:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     return launching.chief_result(
         WORKERS,
         arguments,
@@ -180,13 +192,25 @@ def launch(config, seeds, epochs, quick, namespace=None, timed=False):
     )
 
 
+def timing_blocks(quick, devices):
+    """The timed blocks: `QUICK_BLOCKS` under `--quick`, or on workers of
+    several host devices, whose local all-reduce goes through the shaped
+    loopback too (gloo between a process's own devices), hundreds of ms a
+    step: what the time shows is clear in fewer blocks."""
+    return QUICK_BLOCKS if quick or devices > 1 else BLOCKS
+
+
 def measure(args):
-    quick, blocks = args.quick, QUICK_BLOCKS if args.quick else BLOCKS
+    quick, blocks = (
+        args.quick,
+        timing_blocks(args.quick, args.devices_per_process),
+    )
     seeds = [0] if quick else list(SEEDS)
     data = {"steps": {}, "time": {}, "link": "unshaped", "quick": quick}
+    data["devices_per_process"] = args.devices_per_process
     for config in NAMES:
         epochs = 2 if quick else EPOCHS[config]
-        data["steps"][config] = launch(config, seeds, epochs, quick)
+        data["steps"][config] = launch(config, seeds, epochs, args)
     problem = netns.missing_requirements()
     with contextlib.ExitStack() as stack:
         namespace = None
@@ -200,14 +224,14 @@ def measure(args):
             warm, per_block, count = blocks[config]
             epochs = warm + per_block * count
             data["time"][config] = launch(
-                config, [0], epochs, quick, namespace, timed=True
+                config, [0], epochs, args, namespace, timed=True
             )
     parts = [*data["steps"].values(), *data["time"].values()]
     return None if None in parts else data
 
 
 def report(data, args):
-    blocks = QUICK_BLOCKS if data["quick"] else BLOCKS
+    blocks = timing_blocks(data["quick"], data.get("devices_per_process", 1))
     curves = {c: wan_report.mean_curve(data["steps"][c]["runs"]) for c in NAMES}
     own_target = curves[SYNC][-1]["mean"] - wan_report.POINTS_BELOW
     timings = []
@@ -225,10 +249,13 @@ def report(data, args):
     cells = wan_report.time_cells(timings)
     meta = data["steps"][SYNC]["meta"]
     link = "100 Mbit/s" if data["link"] == LINK else "unshaped (no root)"
+    devices = data.get("devices_per_process", 1)
     print(
-        f"\nJAX {meta['jax']}, Keras {meta['keras']}; time per step on "
-        f"{link}.\nTargets: bench/wan.py's {TF_TARGET:.4f}; this run's own "
-        f"{own_target:.4f} (DataParallel's final mean less 0.5 points).\n"
+        f"\nJAX {meta['jax']}, Keras {meta['keras']}; 2 processes of "
+        f"{devices} device(s), DataParallel over all {2 * devices}; time per "
+        f"step on {link}.\nTargets: bench/wan.py's {TF_TARGET:.4f}; this "
+        f"run's own {own_target:.4f} (DataParallel's final mean less 0.5 "
+        "points).\n"
     )
     rows, to_target = [], {}
     for config in NAMES:
@@ -274,7 +301,12 @@ BENCHMARK = harness.Benchmark(
     report,
     quick="a smoke run: 1,000 / 500 digits, seed 0, 2 epochs, a few timed "
     "blocks",
-    record="wan_jax.json",
+    flags=FLAGS,
+    record=lambda args: (
+        "wan_jax.json"
+        if args.devices_per_process == 1
+        else f"wan_jax_{args.devices_per_process}_devices.json"
+    ),
     worker=worker,
 )
 

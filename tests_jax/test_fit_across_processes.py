@@ -11,6 +11,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import types
 
 import launching
 import numpy as np
@@ -263,3 +264,15 @@ def test_the_example_trains_two_workers_of_two_devices_its_kernels_split(
     assert "a device holds (20, 32) of the first kernel's (20, 64)" in (
         result.stdout
     )
+
+
+def test_processes_with_different_numbers_of_devices_are_refused(monkeypatch):
+    from keras_clones.jax_processes import workers
+
+    devices = [
+        types.SimpleNamespace(id=i, process_index=p)
+        for i, p in enumerate((0, 0, 1, 1, 1))
+    ]
+    monkeypatch.setattr(workers.jax, "devices", lambda: devices)
+    with pytest.raises(ValueError, match=re.escape("they have [2, 3] (by")):
+        workers._mesh(2, 1)
