@@ -2,15 +2,17 @@
 
 import numbers
 
-import tensorflow as tf
+from keras_clones._tensorflow import ON_TENSORFLOW
+from keras_clones._tensorflow import tf
 
 _KNOWN_DEVICE_TYPES = ("CPU", "GPU", "TPU")
 _VARIABLE_UPDATES = ("parameter_server", "replicated")
-# tf.distribute's cross-device ops, by the name `all_reduce` takes.
+# tf.distribute's cross-device ops (their class names), by the name
+# `all_reduce` takes.
 _ALL_REDUCES = {
-    "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
-    "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
-    "nccl": tf.distribute.NcclAllReduce,
+    "reduction_to_one_device": "ReductionToOneDevice",
+    "hierarchical_copy": "HierarchicalCopyAllReduce",
+    "nccl": "NcclAllReduce",
 }
 
 
@@ -39,7 +41,12 @@ def _check_count(name, value, minimum):
 
 
 def _parse_clone_device(device):
-    """Returns the canonical `/device:TYPE:INDEX` form of a clone device."""
+    """Returns the canonical form of a clone device: `/device:TYPE:INDEX`
+    on TensorFlow, Keras's `type:index` on JAX."""
+    if not ON_TENSORFLOW:
+        from keras_clones.clone_model import jax_devices
+
+        return jax_devices.keras_device_name(device)
     if not isinstance(device, str):
         raise TypeError(
             "Each entry of `devices` must be a device string such as "
@@ -225,6 +232,35 @@ def _check_replicated_clone_devices(variable_update, clone_on_cpu, num_clones):
         )
 
 
+def _check_tensorflow_only(
+    clone_on_cpu, num_replicas, num_ps_tasks, all_reduce
+):
+    """On Keras's JAX backend, refuses what only TensorFlow's clones do."""
+    if ON_TENSORFLOW:
+        return
+    if clone_on_cpu:
+        raise ValueError(
+            "`clone_on_cpu=True` is TensorFlow's way to run every clone on "
+            "'/device:CPU:0'. On Keras's JAX backend, name the clones' CPU "
+            "devices instead: `devices=['cpu:0', 'cpu:1']`."
+        )
+    if num_ps_tasks or num_replicas > 1:
+        raise ValueError(
+            "Replicas on parameter servers (`num_replicas`, `num_ps_tasks`) "
+            "need Keras's TensorFlow backend. On JAX, train across "
+            "processes with `python -m keras_clones.launch --workers N` and "
+            f"an `AGNOptimizer`. Received: num_replicas={num_replicas}, "
+            f"num_ps_tasks={num_ps_tasks}."
+        )
+    if all_reduce is not None:
+        raise ValueError(
+            "`all_reduce` picks TensorFlow's cross-device all-reduce. On "
+            "Keras's JAX backend the clones' gradients are all-reduced by "
+            "XLA's collectives within one program; leave `all_reduce` "
+            f"unset. Received: all_reduce={all_reduce!r}."
+        )
+
+
 def _check_replicated_without_ps(variable_update, num_ps_tasks):
     if variable_update == "replicated" and num_ps_tasks > 0:
         raise ValueError(
@@ -267,6 +303,15 @@ class DeploymentConfig:
     TensorFlow runtime (so logical devices can still be configured), and
     for existence when `fit` starts. `evaluate` and `predict` run on the
     clone devices that exist (`on_existing_devices`).
+
+    On Keras's JAX backend the defaults are the same (one clone);
+    `num_clones=N` takes the first N of this process's devices, and
+    `devices` takes Keras's device names, the platform and JAX's device id
+    as `keras.distribution.list_devices()` gives them (`"gpu:0"`,
+    `"cpu:1"`; TensorFlow's `"/gpu:0"` is refused with the name to use).
+    Every clone's device holds a copy of the variables there, whatever
+    `variable_update` says; `clone_on_cpu`, parameter servers and
+    `all_reduce` are TensorFlow's and refused.
 
     Args:
         num_clones: Number of clones per replica. Defaults to 1, or to
@@ -323,6 +368,9 @@ class DeploymentConfig:
         replica_id = _check_count("replica_id", replica_id, 0)
         num_replicas = _check_count("num_replicas", num_replicas, 1)
         num_ps_tasks = _check_count("num_ps_tasks", num_ps_tasks, 0)
+        _check_tensorflow_only(
+            clone_on_cpu, num_replicas, num_ps_tasks, all_reduce
+        )
         _check_replica_id_in_range(replica_id, num_replicas)
         _check_ps_tasks_for_replicas(num_replicas, num_ps_tasks)
         # With more than one replica there are parameter servers (above).
@@ -429,7 +477,7 @@ class DeploymentConfig:
                 "split into more logical ones). Use "
                 "`all_reduce='hierarchical_copy'` (or None)."
             )
-        return _ALL_REDUCES[name]()
+        return getattr(tf.distribute, _ALL_REDUCES[name])()
 
     def _check_clone_index(self, clone_index):
         if isinstance(clone_index, bool) or not isinstance(
@@ -445,8 +493,14 @@ class DeploymentConfig:
             )
 
     def clone_device(self, clone_index):
-        """Device for clone `clone_index`, a value for `tf.device()`."""
+        """Device for clone `clone_index`, a value for `tf.device()`; on
+        JAX, its Keras name (this process's devices checked)."""
         self._check_clone_index(clone_index)
+        if not ON_TENSORFLOW:
+            from keras_clones.clone_model import jax_devices
+
+            device = jax_devices.clone_devices(self)[clone_index]
+            return f"{device.platform}:{device.id}"
         if self._devices is not None:
             return self._worker_device + self._devices[clone_index]
         device = self._worker_device
