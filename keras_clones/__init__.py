@@ -1,10 +1,10 @@
 """keras_clones: TensorFlow 1's multi-device training machinery for Keras 3.
 
 It imports under any Keras backend. `AGNOptimizer`, `step_hooks`,
-`callbacks.PostInitCopy` and `callbacks.InfNanCheck` run under TensorFlow
-and JAX; the rest needs the TensorFlow backend for now, and says so where
-it is used (`keras_clones.CloneModel`, `callbacks.LossSummaries`, ...),
-not at import.
+`callbacks.PostInitCopy`, `callbacks.InfNanCheck`, and in one process
+`CloneModel` and `DeploymentConfig`, run under TensorFlow and JAX; the
+rest needs the TensorFlow backend for now, and says so where it is used
+(`callbacks.LossSummaries`, ...), not at import.
 
 `python -m keras_clones.launch` and `python -m keras_clones.cost_model`
 import this package first, while `sys.argv[0]` is still `"-m"` (Python's
@@ -53,8 +53,17 @@ def import_all():
         module.CloneModel = CloneModel
         module.DeploymentConfig = DeploymentConfig
         return
+    import keras
+
     from keras_clones.jax_processes import exits
     from keras_clones.jax_trainer import overrides
+
+    if keras.backend.backend() == "jax":
+        from keras_clones.clone_model.deployment import DeploymentConfig
+        from keras_clones.clone_model.jax_model import CloneModel
+
+        module.CloneModel = CloneModel
+        module.DeploymentConfig = DeploymentConfig
 
     # `fit` across JAX processes.
     overrides.install()

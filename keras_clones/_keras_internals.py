@@ -20,6 +20,7 @@ import threading
 
 import keras
 from keras.src.backend.common.stateless_scope import get_stateless_scope
+from keras.src.models import model as keras_model
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 from keras.src.optimizers.base_optimizer import BaseOptimizer
@@ -39,10 +40,12 @@ __all__ = [
     "assert_compiled",
     "backup_metadata",
     "backup_metadata_path",
+    "backend_trainer",
     "TensorFlowTrainer",
     "built_variables",
     "call_has_training_arg",
     "called_by_fit",
+    "compiled_loss",
     "compute_loss",
     "distribution_strategy",
     "flatten_metrics_in_order",
@@ -85,6 +88,13 @@ if ON_TENSORFLOW:
         TensorFlowTrainer,
         ("_maybe_symbolic_build", "_resolve_auto_jit_compile"),
     )
+elif keras.backend.backend() == "jax":
+    from keras.src.backend.jax.trainer import JAXTrainer
+
+    OVERRIDDEN_PRIVATE_METHODS["keras_clones:CloneModel"] = (
+        JAXTrainer,
+        ("_update_metrics_variables",),
+    )
 
 
 def jax_trainer():
@@ -92,6 +102,12 @@ def jax_trainer():
     None where Keras's models are not JAX trainers."""
     trainer = sys.modules.get("keras.src.backend.jax.trainer")
     return None if trainer is None else trainer.JAXTrainer
+
+
+def backend_trainer():
+    """Keras's trainer of this backend (`TensorFlowTrainer`, `JAXTrainer`),
+    which `keras.Model.__init__` initialises first."""
+    return keras_model.Trainer
 
 
 # Models (Keras's `Trainer` and `Layer`).
@@ -106,6 +122,12 @@ def compute_loss(model, **kwargs):
     """`model.compute_loss(**kwargs)`, also for overrides written before
     Keras 3.3 (without `training`), as Keras's own train step calls it."""
     return model._compute_loss(**kwargs)
+
+
+def compiled_loss(model):
+    """The loss `compile` built (`loss` and `loss_weights`), called as
+    `(y, y_pred, sample_weight)`, or None where `compile` had no loss."""
+    return model._compile_loss
 
 
 def loss_tracker(model):

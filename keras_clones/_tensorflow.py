@@ -32,6 +32,7 @@ def needs_tensorflow(what):
         f"the {keras.backend.backend()!r} backend. To use it, {switch}. "
         "Under other backends, `keras_clones.AGNOptimizer` (in one process, "
         "under `keras.distribution`, or across JAX processes), "
+        "`keras_clones.CloneModel` (in one JAX process), "
         "`keras_clones.step_hooks`, "
         "`keras_clones.callbacks.PostInitCopy` and `InfNanCheck`, `python -m "
         "keras_clones.launch` and `keras_clones.cost_model` run."

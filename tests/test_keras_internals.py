@@ -75,6 +75,7 @@ def test_functional_machinery():
     model = keras.Model(inputs, outputs)
     assert isinstance(model, internals.Functional)
     assert isinstance(model, internals.TensorFlowTrainer)
+    assert internals.backend_trainer() is internals.TensorFlowTrainer
 
 
 def test_call_has_training_arg():
@@ -101,6 +102,11 @@ def test_compute_loss_and_loss_tracker():
     np.testing.assert_allclose(loss, np.mean(y_pred.numpy() ** 2), rtol=1e-6)
     tracker = internals.loss_tracker(model)
     assert tracker.name == "loss" and tracker in model.metrics
+    weights = np.array([1.0, 0.0, 0.0, 1.0], "float32")
+    compiled = internals.compiled_loss(model)(y, y_pred, weights)
+    expected = np.sum(np.mean(y_pred.numpy() ** 2, axis=1) * weights) / 4
+    np.testing.assert_allclose(compiled, expected, rtol=1e-6)
+    assert internals.compiled_loss(keras.Sequential()) is None
 
 
 def test_compute_loss_of_an_override_without_training_argument():

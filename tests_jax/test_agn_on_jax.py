@@ -319,16 +319,18 @@ def test_keras_clones_imports_without_tensorflow_and_names_what_needs_it():
     code = (
         "import sys, keras_clones\n"
         "print(keras_clones.AGNOptimizer.__name__)\n"
+        "print(keras_clones.CloneModel.__name__)\n"
         "print('tensorflow' in sys.modules)\n"
-        "keras_clones.CloneModel\n"
+        "keras_clones.callbacks.LossSummaries\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True
     )
-    assert result.stdout.split() == ["AGNOptimizer", "False"]
+    assert result.stdout.split() == ["AGNOptimizer", "CloneModel", "False"]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(
-        "ImportError: `keras_clones.CloneModel` needs the TensorFlow backend "
+        "ImportError: `keras_clones.callbacks.LossSummaries` needs the "
+        "TensorFlow backend "
         "of Keras, but Keras is set to the 'jax' backend. To use it, install "
         'TensorFlow (`pip install "keras_clones[tensorflow]"`), then set '
         "the environment variable KERAS_BACKEND=tensorflow"

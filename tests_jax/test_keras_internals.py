@@ -8,7 +8,7 @@ import keras
 import numpy as np
 from keras.src.backend.jax.trainer import JAXTrainer
 
-import keras_clones  # noqa: F401  (Installs the overrides.)
+import keras_clones  # Installs the overrides.
 from keras_clones import _keras_internals as internals
 from keras_clones.jax_trainer import overrides
 
@@ -36,6 +36,23 @@ def test_the_overrides_replace_keras_methods_it_calls_once():
         "_get_metrics_result_or_logs",
     ):
         assert f"self.{name}(" in source
+
+
+def test_the_private_methods_clone_model_overrides_are_keras_own_it_calls():
+    assert internals.backend_trainer() is JAXTrainer
+    (keras_class, methods), *_ = [
+        overridden
+        for where, overridden in internals.OVERRIDDEN_PRIVATE_METHODS.items()
+        if where == "keras_clones:CloneModel"
+    ]
+    assert keras_class is JAXTrainer
+    source = inspect.getsource(JAXTrainer)
+    for method in methods:
+        ours = getattr(keras_clones.CloneModel, method)
+        theirs = getattr(JAXTrainer, method)
+        assert ours is not theirs
+        assert inspect.signature(ours) == inspect.signature(theirs)
+        assert f"self.{method}(" in source
 
 
 def test_jax_state_is_what_fit_carries_between_steps_and_can_be_replaced():

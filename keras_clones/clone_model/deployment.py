@@ -614,6 +614,19 @@ class DeploymentConfig:
     def from_config(cls, config):
         return cls(**config)
 
+    @classmethod
+    def of(cls, deployment):
+        """`deployment` (a `CloneModel`'s argument) as a
+        `DeploymentConfig`: one, or a dict of its arguments."""
+        if isinstance(deployment, dict):
+            return cls.from_config(deployment)
+        if not isinstance(deployment, DeploymentConfig):
+            raise TypeError(
+                "`deployment` must be a `keras_clones.DeploymentConfig`. "
+                f"Received: {deployment!r} of type {type(deployment).__name__}."
+            )
+        return deployment
+
     def __eq__(self, other):
         if not isinstance(other, DeploymentConfig):
             return NotImplemented

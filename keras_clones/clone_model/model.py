@@ -12,6 +12,7 @@ from keras_clones import step_hooks
 from keras_clones.clone_model import clone_reads
 from keras_clones.clone_model import clones
 from keras_clones.clone_model import counter_logs
+from keras_clones.clone_model import functional
 from keras_clones.clone_model import modes
 from keras_clones.clone_model import replication
 from keras_clones.clone_model.deployment import DeploymentConfig
@@ -101,21 +102,12 @@ class CloneModel(keras.Model):
     _inference = None
 
     def __new__(cls, *args, **kwargs):
-        if cls is CloneModel and internals.functional_init_arguments(
-            args, kwargs
-        ):
-            return super().__new__(FunctionalCloneModel)
-        return super().__new__(cls)
+        return functional.new(
+            CloneModel, FunctionalCloneModel, cls, args, kwargs
+        )
 
     def __init__(self, *args, deployment=None, **kwargs):
-        if internals.functional_init_arguments(args, kwargs):
-            # As `keras.Model.__init__` for a functional model, with
-            # `FunctionalCloneModel` in a subclass's bases (not CloneModel's).
-            _inject_functional_clone_model(type(self))
-            internals.TensorFlowTrainer.__init__(self)
-            internals.Functional.__init__(self, *args, **kwargs)
-        else:
-            keras.Model.__init__(self, *args, **kwargs)
+        functional.init(CloneModel, FunctionalCloneModel, self, args, kwargs)
         # Whether `get_metrics_result` reports `fit`'s own logs too.
         self._fit_logs = False
         self._step_hooks = StepHooks(reports_metrics=True)
@@ -145,13 +137,7 @@ class CloneModel(keras.Model):
 
     @deployment.setter
     def deployment(self, deployment):
-        if isinstance(deployment, dict):
-            deployment = DeploymentConfig.from_config(deployment)
-        elif not isinstance(deployment, DeploymentConfig):
-            raise TypeError(
-                "`deployment` must be a `keras_clones.DeploymentConfig`. "
-                f"Received: {deployment!r} of type {type(deployment).__name__}."
-            )
+        deployment = DeploymentConfig.of(deployment)
         strategy = self.distribute_strategy
         # Before the clones' loss trackers create variables that the workers
         # initialise together.
@@ -627,17 +613,3 @@ class FunctionalCloneModel(CloneModel, internals.Functional):
     Private Keras classes are used here and only here; tests that build
     functional and subclassed CloneModels in one process guard them.
     """
-
-
-def _inject_functional_clone_model(cls):
-    """Rebases a `CloneModel` subclass built from inputs and outputs onto
-    `FunctionalCloneModel`, as Keras rebases `Model` subclasses onto
-    `Functional`, leaving `CloneModel` itself as it is."""
-    if cls is CloneModel:
-        return FunctionalCloneModel
-    if not issubclass(cls, CloneModel) or issubclass(cls, internals.Functional):
-        return cls
-    cls.__bases__ = tuple(
-        _inject_functional_clone_model(base) for base in cls.__bases__
-    )
-    return cls

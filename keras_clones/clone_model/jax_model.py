@@ -1,0 +1,268 @@
+"""`CloneModel` on Keras's JAX backend: each step one program over the
+clones' devices, the batch split by rows over them."""
+
+import jax
+import keras
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+
+from keras_clones import _keras_internals as internals
+from keras_clones.clone_model import functional
+from keras_clones.clone_model import jax_devices
+from keras_clones.clone_model.deployment import DeploymentConfig
+
+CLONES = "clones"  # The clones' mesh axis.
+
+
+@keras.saving.register_keras_serializable(package="keras_clones")
+class CloneModel(keras.Model):
+    """A `keras.Model` whose steps split each batch across clone devices.
+
+    On Keras's JAX backend each step (`fit`'s, `evaluate`'s, `predict`'s)
+    is one compiled program over the devices of `deployment`: every batch
+    (inputs, targets and sample weights alike) is split by rows over them,
+    as `np.array_split` cuts it, and XLA sums the clones' gradients where
+    they meet. Every clone's device holds a copy of the weights and of the
+    optimizer's state. `batch_size` stays the whole batch.
+
+    A step is the plain model's step on the whole batch, for any model:
+    batches that do not divide by the clones (XLA's uneven layout, no
+    padding), batches smaller than the number of clones, regularization
+    (once), sample weights, any loss reduction, and BatchNormalization,
+    whose moments are the whole batch's (on TensorFlow each clone
+    normalizes by its own slice). The logs are a plain model's, plus one
+    `clone_i_loss` a clone during `fit` (each clone's loss on its slice,
+    the model's regularization included, a mean over the epoch weighted by
+    its rows), as on TensorFlow.
+
+    Across JAX processes and under a `keras.distribution` a `CloneModel`
+    is refused for now: train a plain `keras.Model` there (each process a
+    worker of all its devices).
+
+    Args:
+        deployment: A `DeploymentConfig`, or a dict of its arguments (as
+            `get_config()` gives). Defaults to one clone. On JAX it names
+            this process's devices by Keras's names (`"gpu:0"`).
+
+    Example:
+
+    ```python
+    inputs = keras.Input((64,))
+    outputs = keras.layers.Dense(10, activation="softmax")(inputs)
+    model = keras_clones.CloneModel(
+        inputs,
+        outputs,
+        deployment=keras_clones.DeploymentConfig(num_clones=2),
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=64)
+    ```
+    """
+
+    # Whether `metrics` has the clones' loss trackers (during `fit`).
+    _fit_logs = False
+
+    def __new__(cls, *args, **kwargs):
+        return functional.new(
+            CloneModel, FunctionalCloneModel, cls, args, kwargs
+        )
+
+    def __init__(self, *args, deployment=None, **kwargs):
+        functional.init(CloneModel, FunctionalCloneModel, self, args, kwargs)
+        self.deployment = deployment or DeploymentConfig()
+
+    @property
+    def deployment(self):
+        """The `DeploymentConfig` this model's clones follow. It can be
+        replaced; the next `fit`, `evaluate` or `predict` traces its steps
+        again, on the new devices."""
+        return self._deployment
+
+    @deployment.setter
+    def deployment(self, deployment):
+        deployment = DeploymentConfig.of(deployment)
+        self._deployment = deployment
+        self._mesh = None
+        clones = deployment.num_clones
+        self._clone_losses = _CloneLosses(clones if clones > 1 else 0)
+        self.train_function = None
+        self.test_function = None
+        self.predict_function = None
+
+    def _clones_mesh(self):
+        """The mesh of the clones' devices (this process's, checked)."""
+        if self._mesh is None:
+            devices = jax_devices.clone_devices(self._deployment)
+            self._mesh = Mesh(np.array(devices), (CLONES,))
+        return self._mesh
+
+    # Steps.
+
+    def make_train_function(self, force=False):
+        self._on_the_clones()
+        return super().make_train_function(force)
+
+    def make_test_function(self, force=False):
+        self._on_the_clones()
+        return super().make_test_function(force)
+
+    def make_predict_function(self, force=False):
+        self._on_the_clones()
+        return super().make_predict_function(force)
+
+    def _on_the_clones(self):
+        """Puts a copy of every variable on each clone's device (refusing
+        what a `CloneModel` cannot run under)."""
+        self._check_runs_here()
+        copies = NamedSharding(self._clones_mesh(), PartitionSpec())
+        variables = [*self.variables, *self.metrics_variables]
+        if self.optimizer is not None:
+            variables += self.optimizer.variables
+        for variable in variables:
+            if variable.value.sharding != copies:
+                variable.assign(jax.device_put(variable.value, copies))
+
+    def _check_runs_here(self):
+        """Refuses several processes and a `keras.distribution`."""
+        if jax.process_count() > 1:
+            raise ValueError(
+                "A `CloneModel` cannot train across JAX processes yet. Train "
+                "a plain `keras.Model` there: each process is a worker of "
+                "all its devices (docs/jax_processes.md)."
+            )
+        if keras.distribution.distribution() is not None:
+            raise ValueError(
+                "A `CloneModel` splits its batches over its own devices, so "
+                "it cannot run under a `keras.distribution` (set: "
+                f"{keras.distribution.distribution()!r}), which would split "
+                "them again. Unset the distribution, or train a plain "
+                "`keras.Model` under it."
+            )
+
+    def _split(self, data):
+        """`data` laid out by rows over the clones, within a step."""
+        rows = NamedSharding(self._clones_mesh(), PartitionSpec(CLONES))
+
+        def split(value):
+            if value is None or not np.ndim(value):
+                return value
+            return jax.lax.with_sharding_constraint(value, rows)
+
+        return jax.tree.map(split, data)
+
+    def train_step(self, state, data):
+        return super().train_step(state, self._split(data))
+
+    def test_step(self, state, data):
+        return super().test_step(state, self._split(data))
+
+    def predict_step(self, state, data):
+        return super().predict_step(state, self._split(data))
+
+    # The clones' losses in `fit`'s logs.
+
+    def _logged_clone_losses(self):
+        """The clones' loss trackers, where `fit` logs them (several
+        clones, a compiled loss)."""
+        if not self._fit_logs or internals.compiled_loss(self) is None:
+            return []
+        return self._clone_losses.trackers
+
+    @property
+    def metrics(self):
+        return super().metrics + self._logged_clone_losses()
+
+    def _update_metrics_variables(
+        self, metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
+    ):
+        logs, metrics_variables = super()._update_metrics_variables(
+            metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
+        )
+        trackers = self._logged_clone_losses()
+        if not trackers:
+            return logs, metrics_variables
+        losses = _clone_losses(
+            self, len(trackers), unscaled_loss, y, y_pred, sample_weight
+        )
+        mapping = list(zip(self.metrics_variables, metrics_variables))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            for tracker, (loss, rows) in zip(trackers, losses):
+                if rows:
+                    tracker.update_state(loss, sample_weight=rows)
+            logs.update({t.name: t.result() for t in trackers})
+        updated = [scope.get_current_value(v) for v, _ in mapping]
+        return logs, [
+            value if new is None else new
+            for new, (_, value) in zip(updated, mapping)
+        ]
+
+    def fit(self, *args, **kwargs):
+        self._check_runs_here()
+        self._fit_logs = True
+        try:
+            return super().fit(*args, **kwargs)
+        finally:
+            self._fit_logs = False
+
+    def evaluate(self, *args, **kwargs):
+        self._check_runs_here()
+        fit_logs, self._fit_logs = self._fit_logs, False
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            self._fit_logs = fit_logs
+
+    def predict(self, *args, **kwargs):
+        self._check_runs_here()
+        return super().predict(*args, **kwargs)
+
+    def get_config(self):
+        config = super().get_config()
+        config["deployment"] = self._deployment.get_config()
+        return config
+
+
+@keras.saving.register_keras_serializable(
+    package="keras_clones", name="CloneModel"
+)
+class FunctionalCloneModel(CloneModel, internals.Functional):
+    """A `CloneModel` built from inputs and outputs, as `keras.Model`
+    does."""
+
+
+class _CloneLosses:
+    """Each clone's loss on its slice, `clone_i_loss`: means weighted by
+    the clone's rows, as Keras's loss tracker. Held outside Keras's
+    tracking, so that `model.metrics` (and `evaluate`) are a plain
+    model's; `CloneModel.metrics` adds them during `fit`."""
+
+    def __init__(self, count):
+        self.trackers = [
+            keras.metrics.Mean(name=f"clone_{i}_loss") for i in range(count)
+        ]
+
+
+def _clone_losses(model, clones, unscaled_loss, y, y_pred, sample_weight):
+    """`(loss, rows)` of each of `clones` clones: its slice's compiled
+    loss, plus the model's other terms (regularization, `add_loss`) as the
+    whole batch's loss has them."""
+    compiled = internals.compiled_loss(model)
+    size = jax.tree.leaves(y_pred)[0].shape[0]
+    parts = np.array_split(np.arange(size), clones)
+    bounds = np.cumsum([0] + [len(part) for part in parts])
+    whole = compiled(y, y_pred, sample_weight)
+    others = unscaled_loss - whole
+    losses = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if start == end:
+            losses.append((None, 0))
+            continue
+
+        def part(value, start=start, end=end):
+            return None if value is None else value[start:end]
+
+        sliced = [jax.tree.map(part, v) for v in (y, y_pred, sample_weight)]
+        losses.append((compiled(*sliced) + others, int(end - start)))
+    return losses
