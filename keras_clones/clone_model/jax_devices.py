@@ -73,3 +73,19 @@ def clone_devices(deployment):
             )
         devices.append(by_name[name])
     return devices
+
+
+def existing_clone_devices(deployment):
+    """The devices of `deployment`'s clones that are this process's, in
+    clone order (this process's first device where none is), and a
+    description of those that are not (None where every one is)."""
+    local = jax.local_devices()
+    if deployment.devices is None:
+        count = deployment.num_clones
+        if count <= len(local):
+            return local[:count], None
+        return local, f"{count - len(local)} of its {count} clones' devices"
+    by_name = {f"{d.platform}:{d.id}": d for d in local}
+    found = [by_name[n] for n in deployment.devices if n in by_name]
+    missing = [n for n in deployment.devices if n not in by_name]
+    return found or local[:1], (missing or None) and ", ".join(missing)

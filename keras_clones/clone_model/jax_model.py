@@ -1,6 +1,8 @@
 """`CloneModel` on Keras's JAX backend: each step one program over the
 clones' devices, the batch split by rows over them."""
 
+import warnings
+
 import jax
 import keras
 import numpy as np
@@ -84,39 +86,72 @@ class CloneModel(keras.Model):
     def deployment(self, deployment):
         deployment = DeploymentConfig.of(deployment)
         self._deployment = deployment
-        self._mesh = None
+        self._meshes = {}  # By whether it trains.
         clones = deployment.num_clones
         self._clone_losses = _CloneLosses(clones if clones > 1 else 0)
         self.train_function = None
         self.test_function = None
         self.predict_function = None
 
-    def _clones_mesh(self):
-        """The mesh of the clones' devices (this process's, checked)."""
-        if self._mesh is None:
-            devices = jax_devices.clone_devices(self._deployment)
-            self._mesh = Mesh(np.array(devices), (CLONES,))
-        return self._mesh
+    def _clones_mesh(self, training):
+        """The mesh of the clones' devices: for `training`, every one,
+        this process's (refused otherwise); for `evaluate` and `predict`,
+        those that are here, with a warning where some are not (a model
+        loaded on a machine with fewer devices)."""
+        mesh = self._meshes.get(training)
+        if mesh is None:
+            devices = (
+                self._training_devices()
+                if training
+                else self._inference_devices()
+            )
+            mesh = self._meshes[training] = Mesh(np.array(devices), (CLONES,))
+        return mesh
+
+    def _training_devices(self):
+        try:
+            return jax_devices.clone_devices(self._deployment)
+        except ValueError as error:
+            raise ValueError(
+                f"{error} To train this model here (e.g. after `load_model` "
+                "on another machine), give it a deployment for this "
+                "process's devices: `model.deployment = "
+                "keras_clones.DeploymentConfig(devices=[...])`."
+            ) from None
+
+    def _inference_devices(self):
+        devices, missing = jax_devices.existing_clone_devices(self._deployment)
+        if missing:
+            names = ", ".join(f"{d.platform}:{d.id}" for d in devices)
+            warnings.warn(
+                f"This CloneModel's deployment names devices this process "
+                f"does not have ({missing}): `evaluate` and `predict` run on "
+                f"{names} instead, with the same results (`fit` refuses to "
+                "train there). To choose the devices, set `model.deployment "
+                "= keras_clones.DeploymentConfig(devices=[...])`.",
+                stacklevel=4,
+            )
+        return devices
 
     # Steps.
 
     def make_train_function(self, force=False):
-        self._on_the_clones()
+        self._on_the_clones(training=True)
         return super().make_train_function(force)
 
     def make_test_function(self, force=False):
-        self._on_the_clones()
+        self._on_the_clones(training=False)
         return super().make_test_function(force)
 
     def make_predict_function(self, force=False):
-        self._on_the_clones()
+        self._on_the_clones(training=False)
         return super().make_predict_function(force)
 
-    def _on_the_clones(self):
+    def _on_the_clones(self, training):
         """Puts a copy of every variable on each clone's device (refusing
         what a `CloneModel` cannot run under)."""
         self._check_runs_here()
-        copies = NamedSharding(self._clones_mesh(), PartitionSpec())
+        copies = NamedSharding(self._clones_mesh(training), PartitionSpec())
         variables = [*self.variables, *self.metrics_variables]
         if self.optimizer is not None:
             variables += self.optimizer.variables
@@ -141,9 +176,10 @@ class CloneModel(keras.Model):
                 "`keras.Model` under it."
             )
 
-    def _split(self, data):
+    def _split(self, data, training):
         """`data` laid out by rows over the clones, within a step."""
-        rows = NamedSharding(self._clones_mesh(), PartitionSpec(CLONES))
+        mesh = self._clones_mesh(training)
+        rows = NamedSharding(mesh, PartitionSpec(CLONES))
 
         def split(value):
             if value is None or not np.ndim(value):
@@ -153,13 +189,13 @@ class CloneModel(keras.Model):
         return jax.tree.map(split, data)
 
     def train_step(self, state, data):
-        return super().train_step(state, self._split(data))
+        return super().train_step(state, self._split(data, training=True))
 
     def test_step(self, state, data):
-        return super().test_step(state, self._split(data))
+        return super().test_step(state, self._split(data, training=False))
 
     def predict_step(self, state, data):
-        return super().predict_step(state, self._split(data))
+        return super().predict_step(state, self._split(data, training=False))
 
     # The clones' losses in `fit`'s logs.
 
