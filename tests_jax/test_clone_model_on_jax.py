@@ -23,17 +23,20 @@ def data():
     return x, y, rng.uniform(size=(ROWS,)).astype("float32")
 
 
-def compiled(cls, normalized=False, agn=False, **options):
+def compiled(cls, normalized=False, agn=False, loss_scaled=False, **options):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((4,))
     l2 = keras.regularizers.L2(0.01)
     h = keras.layers.Dense(8, activation="relu", kernel_regularizer=l2)(inputs)
     if normalized:
         h = keras.layers.BatchNormalization()(h)
-    model = cls(inputs, keras.layers.Dense(1)(h), **options)
+    outputs = keras.layers.Dense(1, dtype="float32")(h)
+    model = cls(inputs, outputs, **options)
     optimizer = keras.optimizers.Adam(0.01)
     if agn:
         optimizer = AGNOptimizer(optimizer, communication_period=2)
+    if loss_scaled:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     model.compile(optimizer, "mse", metrics=["mae"])
     return model
 
@@ -61,15 +64,9 @@ def fitted(model, batch_size, **options):
 
 @pytest.mark.parametrize(
     "batch_size, normalized, agn",
-    # 7 rows split 4 and 3, 1 row leaves clone 1 empty (BatchNormalization
-    # on 1 row has no variance: Adam would turn its rounding into steps).
-    [
-        (8, False, False),
-        (7, False, False),
-        (1, False, False),
-        (7, True, False),
-        (7, False, True),
-    ],
+    # The 15 rows in batches of 8 and 7, or of 7, 7 and 1: 8 rows split 4
+    # and 4, 7 rows 4 and 3, and 1 row leaves clone 1 empty.
+    [(8, False, False), (7, False, False), (7, True, False), (7, False, True)],
 )
 def test_two_clones_train_as_the_plain_model_on_the_whole_batch(
     batch_size, normalized, agn
@@ -81,6 +78,21 @@ def test_two_clones_train_as_the_plain_model_on_the_whole_batch(
     np.testing.assert_allclose(clone_logs["loss"], logs["loss"], rtol=1e-5)
     kernel = clones.trainable_variables[0].value
     assert len(kernel.sharding.device_set) == 2  # A copy on each clone.
+
+
+def test_mixed_float16_with_loss_scaling_trains_as_the_plain_model():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        plain = compiled(keras.Model, loss_scaled=True)
+        clones = compiled(CloneModel, loss_scaled=True, **TWO)
+        for model in (plain, clones):
+            fitted(model, 7)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    # The clones sum their halves' float16 products in another order: each
+    # of the 3 Adam steps (at most the learning rate, 0.01) can move by
+    # twice a float16 rounding of it (2**-11).
+    assert largest_difference(plain, clones) <= 3 * 2 * 0.01 * 2**-11
 
 
 def test_each_clone_logs_its_loss_on_its_slice_with_the_regularization():
