@@ -246,18 +246,19 @@ def test_construction_does_not_start_the_tensorflow_runtime():
     assert result.stdout.strip().endswith("2")
 
 
-def run_as_if_under_jax(code):
-    """`code` run in a Python where Keras reports the JAX backend (its
+def run_as_if_under_torch(code):
+    """`code` run in a Python where Keras reports the torch backend (its
     `keras.backend.backend()` patched before keras_clones is imported:
-    the test venv has TensorFlow, not JAX)."""
-    patch = "import keras\nkeras.backend.backend = lambda: 'jax'\n"
+    the test venv has TensorFlow, neither torch nor JAX, under which
+    `CloneModel` runs too: tests_jax/)."""
+    patch = "import keras\nkeras.backend.backend = lambda: 'torch'\n"
     return subprocess.run(
         [sys.executable, "-c", patch + code], capture_output=True, text=True
     )
 
 
 def test_import_works_under_another_backend_and_says_how_to_switch_at_use():
-    result = run_as_if_under_jax(
+    result = run_as_if_under_torch(
         "import keras_clones\n"
         "print(keras_clones.ComputedStep.__name__)\n"
         "keras_clones.CloneModel\n"
@@ -267,13 +268,13 @@ def test_import_works_under_another_backend_and_says_how_to_switch_at_use():
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(
         "ImportError: `keras_clones.CloneModel` needs the TensorFlow backend "
-        "of Keras, but Keras is set to the 'jax' backend."
+        "of Keras, but Keras is set to the 'torch' backend."
     )
     assert "KERAS_BACKEND=tensorflow" in last
 
 
 def test_an_unknown_name_under_another_backend_is_an_attribute_error():
-    result = run_as_if_under_jax(
+    result = run_as_if_under_torch(
         "import keras_clones\nprint(hasattr(keras_clones, 'nothing'))"
     )
     assert result.returncode == 0, result.stderr

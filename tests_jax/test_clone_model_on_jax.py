@@ -28,8 +28,8 @@ def compiled(cls, normalized=False, agn=False, loss_scaled=False, **options):
     inputs = keras.Input((4,))
     l2 = keras.regularizers.L2(0.01)
     h = keras.layers.Dense(8, activation="relu", kernel_regularizer=l2)(inputs)
-    if normalized:
-        h = keras.layers.BatchNormalization()(h)
+    if normalized:  # Dropout too: one program draws the batch's masks.
+        h = keras.layers.Dropout(0.3)(keras.layers.BatchNormalization()(h))
     outputs = keras.layers.Dense(1, dtype="float32")(h)
     model = cls(inputs, outputs, **options)
     optimizer = keras.optimizers.Adam(0.01)
