@@ -14,6 +14,7 @@ from keras_clones import _keras_internals as internals
 from keras_clones.clone_model import functional
 from keras_clones.clone_model import jax_devices
 from keras_clones.clone_model.deployment import DeploymentConfig
+from keras_clones.jax_trainer import steps_in_flight
 
 CLONES = "clones"  # The clones' mesh axis.
 
@@ -137,15 +138,29 @@ class CloneModel(keras.Model):
 
     def make_train_function(self, force=False):
         self._on_the_clones(training=True)
-        return super().make_train_function(force)
+        super().make_train_function(force)
+        self.train_function = self._paced(self.train_function, True)
+        return self.train_function
 
     def make_test_function(self, force=False):
         self._on_the_clones(training=False)
-        return super().make_test_function(force)
+        super().make_test_function(force)
+        self.test_function = self._paced(self.test_function, False)
+        return self.test_function
 
     def make_predict_function(self, force=False):
         self._on_the_clones(training=False)
-        return super().make_predict_function(force)
+        super().make_predict_function(force)
+        self.predict_function = self._paced(self.predict_function, False)
+        return self.predict_function
+
+    def _paced(self, function, training):
+        """`function`, one step at a time on several CPU clones
+        (`steps_in_flight`: XLA's CPU client could deadlock)."""
+        devices = self._clones_mesh(training).devices.flat
+        if steps_in_flight.on_several_cpu_devices(devices):
+            return steps_in_flight.one_at_a_time(function)
+        return function
 
     def _on_the_clones(self, training):
         """Puts a copy of every variable on each clone's device (refusing

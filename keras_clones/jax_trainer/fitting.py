@@ -43,7 +43,6 @@ rather than in every step (`keras_clones.jax_trainer.first_step`).
 Keras's `JAXTrainer`; each calls Keras's own where it does not act.
 """
 
-import functools
 import inspect
 import os
 import sys
@@ -62,6 +61,7 @@ from keras_clones.jax_processes.workers import Workers
 from keras_clones.jax_processes.workers import worker_devices
 from keras_clones.jax_trainer import first_step
 from keras_clones.jax_trainer import period_programs
+from keras_clones.jax_trainer import steps_in_flight
 from keras_clones.jax_trainer import train_function
 from keras_clones.multi_worker import description
 from keras_clones.replicas import worker_axis
@@ -447,31 +447,14 @@ def make_predict_function(keras_make, model, force=False):
 
 
 def _one_step_in_flight(model, function):
-    """Keras's test or predict `function`, waiting for each step's results
-    before it returns, across processes on a worker of several CPU
-    devices. XLA's CPU client runs each device's part of a program on a
-    thread pool, in no set order across programs, each part taking one
-    of its device's slots for programs in flight. Keras's `evaluate` and
-    `predict` do not wait between steps, so with many in flight a
-    device's part of one step can wait for a slot that later steps hold
-    while its peer waits for it in the step's collective: a deadlock (in
-    2 runs in 28 of `examples/jax_processes.py --model-parallel` on 2 CPU
-    devices a worker, before this). `fit`'s steps wait already (the host
-    reads the step count)."""
-    if function is None or getattr(function, "one_step_in_flight", False):
-        return function
-    devices = jax.local_devices()
-    if len(devices) < 2 or devices[0].platform != "cpu":
-        return function
-    if not trains_across(model):
-        return function
-
-    @functools.wraps(function)
-    def one_step_in_flight(*args):
-        return jax.block_until_ready(function(*args))
-
-    one_step_in_flight.one_step_in_flight = True
-    return one_step_in_flight
+    """Keras's test or predict `function`, one step at a time
+    (`steps_in_flight`) across processes on a worker of several CPU
+    devices. `fit`'s steps wait already (the host reads the step
+    count)."""
+    if steps_in_flight.on_several_cpu_devices(jax.local_devices()):
+        if trains_across(model):
+            return steps_in_flight.one_at_a_time(function)
+    return function
 
 
 def metrics_result_or_logs(keras_result, model, logs):
