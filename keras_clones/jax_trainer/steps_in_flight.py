@@ -8,9 +8,9 @@ not wait between steps, so with many in flight a device's part of one
 step can wait for a slot that later steps hold while its peer waits for
 it in the step's collective: a deadlock. Measured before this: 2 runs in
 28 of `examples/jax_processes.py --model-parallel` (2 CPU devices a
-worker) hung in `evaluate`, and `bench/clones.py --jax` ended in XLA's
-rendezvous timeout during a `CloneModel`'s `fit` on 2 host devices. GPUs
-keep Keras's pace.
+worker) hung in `evaluate`, and `bench/clones.py --jax` ended twice in
+XLA's rendezvous timeout during `fit` on 2 host devices (once in Keras's
+own `DataParallel`). GPUs keep Keras's pace.
 """
 
 import functools
