@@ -3,17 +3,20 @@
 A plain `keras.Model`, CloneModel with 1 and 2 clones (shared and
 replicated variables) and MirroredStrategy(2) train an MLP, a CNN and a
 CNN with BatchNormalization round robin, on the CPU split into two logical
+devices; with `--jax`, a JAX process (no TensorFlow) does the same with a
+plain model, CloneModel with 1 and 2 clones and DataParallel(2) on 2 host
 devices. What and how: docs/benchmarks/throughput.md#clones.
 
     python bench/clones.py [--quick] [--rounds R] [--steps-per-execution N]
-                           [--jax]
+                           [--jax] [--jax-python PATH]
 """
 
 import collections
+import contextlib
 import functools
-import importlib.util
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -21,15 +24,16 @@ import harness
 
 # Keras reads its backend when first imported: JAX only in the worker
 # subprocess that --jax starts, TensorFlow everywhere else.
-os.environ["KERAS_BACKEND"] = (
-    "jax" if harness.WORKER_FLAG in sys.argv else "tensorflow"
-)
+IN_JAX_WORKER = harness.WORKER_FLAG in sys.argv
+os.environ["KERAS_BACKEND"] = "jax" if IN_JAX_WORKER else "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from timing import timed_epoch  # noqa: E402
+
+if not IN_JAX_WORKER:  # The JAX venv has no TensorFlow.
+    import tensorflow as tf
 
 SEED = 0
 NUM_CLASSES = 10
@@ -44,6 +48,10 @@ CLONE_2 = "CloneModel(2)"
 REPLICATED_2 = "CloneModel(2) replicated"
 MIRRORED = "MirroredStrategy(2)"
 JAX_DP = "JAX DataParallel(2)"
+JAX_PLAIN = "JAX plain keras.Model"
+JAX_CLONE_1 = "JAX CloneModel(1)"
+JAX_CLONE_2 = "JAX CloneModel(2)"
+JAX_GOALS = [(JAX_CLONE_1, JAX_PLAIN, 0.97), (JAX_CLONE_2, JAX_DP, 0.95)]
 # (numerator, denominator, goal): the project's throughput goals.
 GOALS = [
     (CLONE_1, PLAIN, 0.97),
@@ -54,7 +62,14 @@ GOALS = [
 FLAGS = [
     harness.Flag("--rounds", 5, quick=2, help="timed rounds per contender"),
     harness.Flag("--steps-per-execution", 1, help="passed to compile()"),
-    harness.Flag("--jax", False, help="also JAX DataParallel, in a subprocess"),
+    harness.Flag(
+        "--jax", False, help="also the JAX contenders, in a subprocess"
+    ),
+    harness.Flag(
+        "--jax-python",
+        str(harness.ROOT / ".venv-jax" / "bin" / "python"),
+        help="the Python of the JAX subprocess",
+    ),
 ]
 
 
@@ -138,6 +153,20 @@ def make_dataset(workload):
     return dataset.cache().repeat().prefetch(tf.data.AUTOTUNE)
 
 
+def batches(workload):
+    """`make_dataset`'s batches as NumPy arrays, repeated (the JAX
+    worker's: no TensorFlow there)."""
+    rng = np.random.default_rng(SEED)
+    n = workload.batch_size * NUM_BATCHES
+    x = rng.standard_normal((n, *workload.input_shape), dtype=np.float32)
+    w = rng.standard_normal((x[0].size, NUM_CLASSES), dtype=np.float32)
+    y = np.argmax(x.reshape(n, -1) @ w, axis=1).astype(np.int32)
+    while True:
+        for start in range(0, n, workload.batch_size):
+            end = start + workload.batch_size
+            yield x[start:end], y[start:end]
+
+
 def initial_weights(workload):
     keras.utils.set_random_seed(SEED)
     inputs = keras.Input(workload.input_shape)
@@ -183,15 +212,27 @@ def contenders(workload, strategy, args):
     return models
 
 
-def train(models, workload, args):
-    """Round-robin timing: per contender its runs' samples/s and loss."""
-    dataset = make_dataset(workload)
+def train(models, workload, args, dataset=None, scopes=None):
+    """Round-robin timing: per contender its runs' samples/s and loss, on
+    `dataset` (by default `make_dataset`'s; or a maker of batches); each
+    contender of `scopes` (name: a context manager's maker) runs inside
+    its own."""
+    dataset = make_dataset(workload) if dataset is None else dataset
+    scopes = scopes or {}
     steps = round_steps(workload, args)
-    for model in models.values():
-        timed_epoch(model, dataset, whole_executions(WARMUP_STEPS, args))
+
+    def timed(name, steps):
+        # A maker of batches (a generator function) starts over each time,
+        # as a `tf.data` dataset does.
+        data = dataset() if callable(dataset) else dataset
+        with scopes.get(name, contextlib.nullcontext)():
+            return timed_epoch(models[name], data, steps)
+
+    for name in models:
+        timed(name, whole_executions(WARMUP_STEPS, args))
 
     def run_once(name, repeat):
-        seconds, loss = timed_epoch(models[name], dataset, steps)
+        seconds, loss = timed(name, steps)
         samples_per_s = steps * workload.batch_size / seconds
         return {"samples_per_s": samples_per_s, "loss": loss}
 
@@ -218,12 +259,16 @@ def measure(args):
 
 
 def add_jax_results(results, args):
-    """Adds the JAX DataParallel runs of a worker subprocess, if jax is
-    installed; a failing worker leaves the TensorFlow results standing."""
-    if importlib.util.find_spec("jax") is None:
-        print("Note: --jax skipped, jax is not installed (pip install jax).\n")
+    """Adds the JAX contenders' runs of a worker subprocess (in
+    `--jax-python`); a failing worker leaves the TensorFlow results
+    standing."""
+    if not pathlib.Path(args.jax_python).exists():
+        print(
+            f"Note: --jax skipped, no {args.jax_python} (`make test-jax` "
+            "builds .venv-jax).\n"
+        )
         return
-    command = [sys.executable, __file__, harness.WORKER_FLAG, *sys.argv[1:]]
+    command = [args.jax_python, __file__, harness.WORKER_FLAG, *sys.argv[1:]]
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
@@ -233,20 +278,47 @@ def add_jax_results(results, args):
         )
         return
     for name, runs in json.loads(done.stdout.strip().splitlines()[-1]).items():
-        results[name][JAX_DP] = runs
+        results[name].update(runs)
 
 
 def jax_worker(argv):
-    """Prints JSON: the JAX DataParallel runs of every workload."""
+    """Prints JSON: the JAX contenders' runs of every workload."""
+    from keras_clones import CloneModel
+    from keras_clones import DeploymentConfig
+    from keras_clones.jax_trainer import steps_in_flight
+
+    class Paced(keras.Model):
+        """DataParallel's model, one step in flight as a `CloneModel`'s on
+        several CPU devices: with many, XLA's CPU client deadlocks (the
+        rendezvous timeout ended this worker)."""
+
+        def make_train_function(self, force=False):
+            super().make_train_function(force)
+            self.train_function = steps_in_flight.one_at_a_time(
+                self.train_function
+            )
+
     args = BENCHMARK.parse(argv)
     devices = keras.distribution.list_devices()
-    keras.distribution.set_distribution(
-        keras.distribution.DataParallel(devices=devices)
-    )
+    data_parallel = keras.distribution.DataParallel(devices=devices)
     results = {}
     for workload in WORKLOADS:
-        model = build(workload, initial_weights(workload), args)
-        results[workload.name] = train({JAX_DP: model}, workload, args)[JAX_DP]
+        weights = initial_weights(workload)
+        models = {JAX_PLAIN: build(workload, weights, args)}
+        for name, clones in [(JAX_CLONE_1, 1), (JAX_CLONE_2, 2)]:
+            deployment = DeploymentConfig(num_clones=clones)
+            models[name] = build(
+                workload, weights, args, CloneModel, deployment=deployment
+            )
+        with data_parallel.scope():
+            models[JAX_DP] = build(workload, weights, args, Paced)
+        results[workload.name] = train(
+            models,
+            workload,
+            args,
+            dataset=functools.partial(batches, workload),
+            scopes={JAX_DP: data_parallel.scope},
+        )
     print(json.dumps(results))
 
 
@@ -263,7 +335,9 @@ def report(results, args):
             + [f"{runs[name][-1]['loss']:.4f}"]
             for name in runs
         ]
-        goals = GOALS + ([(CLONE_2, JAX_DP, None)] if JAX_DP in runs else [])
+        goals = GOALS
+        if JAX_DP in runs:
+            goals = goals + JAX_GOALS + [(CLONE_2, JAX_DP, None)]
         print(
             f"### {workload.name}\n\nGlobal batch {workload.batch_size}, "
             f"{round_steps(workload, args)} steps per round, {args.rounds} "
