@@ -141,14 +141,20 @@ def round_steps(workload, args):
     return whole_executions(steps, args)
 
 
-def make_dataset(workload):
-    """Learnable synthetic data: labels are the argmax of a random map."""
+def synthetic_data(workload):
+    """Learnable synthetic data, `NUM_BATCHES` batches of `workload`:
+    labels are the argmax of a random map."""
     rng = np.random.default_rng(SEED)
     n = workload.batch_size * NUM_BATCHES
     x = rng.standard_normal((n, *workload.input_shape), dtype=np.float32)
     w = rng.standard_normal((x[0].size, NUM_CLASSES), dtype=np.float32)
     y = np.argmax(x.reshape(n, -1) @ w, axis=1).astype(np.int32)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    return x, y
+
+
+def make_dataset(workload):
+    """`synthetic_data` as a repeated `tf.data` pipeline of batches."""
+    dataset = tf.data.Dataset.from_tensor_slices(synthetic_data(workload))
     dataset = dataset.batch(workload.batch_size, drop_remainder=True)
     return dataset.cache().repeat().prefetch(tf.data.AUTOTUNE)
 
@@ -156,13 +162,9 @@ def make_dataset(workload):
 def batches(workload):
     """`make_dataset`'s batches as NumPy arrays, repeated (the JAX
     worker's: no TensorFlow there)."""
-    rng = np.random.default_rng(SEED)
-    n = workload.batch_size * NUM_BATCHES
-    x = rng.standard_normal((n, *workload.input_shape), dtype=np.float32)
-    w = rng.standard_normal((x[0].size, NUM_CLASSES), dtype=np.float32)
-    y = np.argmax(x.reshape(n, -1) @ w, axis=1).astype(np.int32)
+    x, y = synthetic_data(workload)
     while True:
-        for start in range(0, n, workload.batch_size):
+        for start in range(0, len(y), workload.batch_size):
             end = start + workload.batch_size
             yield x[start:end], y[start:end]
 

@@ -137,29 +137,31 @@ class CloneModel(keras.Model):
     # Steps.
 
     def make_train_function(self, force=False):
-        self._on_the_clones(training=True)
-        super().make_train_function(force)
-        self.train_function = self._paced(self.train_function, True)
-        return self.train_function
+        return self._made(
+            "train_function", super().make_train_function, force, True
+        )
 
     def make_test_function(self, force=False):
-        self._on_the_clones(training=False)
-        super().make_test_function(force)
-        self.test_function = self._paced(self.test_function, False)
-        return self.test_function
+        return self._made(
+            "test_function", super().make_test_function, force, False
+        )
 
     def make_predict_function(self, force=False):
-        self._on_the_clones(training=False)
-        super().make_predict_function(force)
-        self.predict_function = self._paced(self.predict_function, False)
-        return self.predict_function
+        return self._made(
+            "predict_function", super().make_predict_function, force, False
+        )
 
-    def _paced(self, function, training):
-        """`function`, one step at a time on several CPU clones
-        (`steps_in_flight`: XLA's CPU client could deadlock)."""
+    def _made(self, name, keras_make, force, training):
+        """Keras's `keras_make(force)` on the clones' devices, and the
+        function it sets (`name`), one step at a time on several CPU
+        clones (`steps_in_flight`: XLA's CPU client could deadlock)."""
+        self._on_the_clones(training)
+        keras_make(force)
+        function = getattr(self, name)
         devices = self._clones_mesh(training).devices.flat
         if steps_in_flight.on_several_cpu_devices(devices):
-            return steps_in_flight.one_at_a_time(function)
+            function = steps_in_flight.one_at_a_time(function)
+        setattr(self, name, function)
         return function
 
     def _on_the_clones(self, training):
