@@ -10,6 +10,9 @@ import numpy as np
 from reference import agn
 from reference import optimizers
 
+from keras_clones import CloneModel
+from keras_clones import DeploymentConfig
+
 INNER_LR = 0.1
 
 
@@ -154,6 +157,55 @@ def mlp(model_class=keras.Model, extra_losses=True, **kwargs):
     return model_class(inputs, outputs, **kwargs)
 
 
+def cpu_clones(count=None, **options):
+    """A `DeploymentConfig` of `count` clones on CPU devices 0, 1, ..., named
+    as the backend names them (`"/cpu:0"` on TensorFlow, `"cpu:0"` on JAX):
+    by default every CPU device here (tests/conftest.py makes 3 logical
+    ones on TensorFlow, tests_jax/conftest.py 2 host devices on JAX)."""
+    if count is None:
+        count = len(keras.distribution.list_devices("cpu"))
+    prefix = "/cpu:" if keras.backend.backend() == "tensorflow" else "cpu:"
+    return DeploymentConfig(
+        devices=[f"{prefix}{i}" for i in range(count)], **options
+    )
+
+
+def clone_pair(build, deployment, **compile_kwargs):
+    """A plain model and a CloneModel on `deployment`, built by
+    `build(model_class, **kwargs)`, with the same initial weights, compiled
+    alike (SGD(0.5), a classifier's loss and accuracy by default)."""
+    compile_kwargs.setdefault("loss", "sparse_categorical_crossentropy")
+    compile_kwargs.setdefault("metrics", ["accuracy"])
+    reference = build()
+    clones = build(CloneModel, deployment=deployment)
+    clones.set_weights(reference.get_weights())
+    for model in (reference, clones):
+        model.compile(optimizer=keras.optimizers.SGD(0.5), **compile_kwargs)
+    return reference, clones
+
+
+def fit_both(reference, clones, *args, **kwargs):
+    """The two models' `fit` histories on the same data, unshuffled."""
+    kwargs.setdefault("verbose", 0)
+    kwargs.setdefault("shuffle", False)
+    return (
+        reference.fit(*args, **kwargs).history,
+        clones.fit(*args, **kwargs).history,
+    )
+
+
+def assert_same_weights(a, b, atol=1e-6):
+    """The two models' weights are equal within `atol`, in order."""
+    assert len(a.weights) == len(b.weights)
+    for va, vb in zip(a.weights, b.weights):
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(va),
+            keras.ops.convert_to_numpy(vb),
+            atol=atol,
+            err_msg=va.path,
+        )
+
+
 def data(rows, seed=0, features=6):
     """Classification: `rows` normal rows of `features`, labels in 0..2."""
     rng = np.random.default_rng(seed)
@@ -198,6 +250,28 @@ def two_tower(model_class=keras.Model, **kwargs):
     label = keras.layers.Dense(2, activation="softmax", name="label")(h)
     value = keras.layers.Dense(1, name="value")(h)
     return model_class({"a": a, "b": b}, (label, value), **kwargs)
+
+
+class PositionEmbedding(keras.layers.Layer):
+    """Adds an embedding of each of 4 positions, looked up once per batch
+    (as keras-hub's ViT does)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = keras.layers.Embedding(4, 8)
+
+    def call(self, x):
+        return x + self.embedding(keras.ops.arange(4)[None])
+
+
+def embedded(model_class=keras.Model, **kwargs):
+    """A regression on 4 token ids, embedded, plus their position's
+    embedding."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,), dtype="int32")
+    h = PositionEmbedding()(keras.layers.Embedding(6, 8)(inputs))
+    outputs = keras.layers.Dense(1)(keras.layers.Flatten()(h))
+    return model_class(inputs, outputs, **kwargs)
 
 
 class LazyMLP(keras.Model):

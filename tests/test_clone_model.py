@@ -1,12 +1,17 @@
-"""CloneModel against a plain keras.Model on the whole batch."""
+"""CloneModel on TensorFlow: what its clones do there (sparse gradients,
+per-clone BatchNormalization and dropout, placement, strategies), and its
+compute/apply/log halves. The cases both backends share are in
+tests/test_clone_model_whole_batch.py."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import assert_same_weights
+from helpers import clone_pair
 from helpers import data
+from helpers import embedded
 from helpers import mlp
-from helpers import two_tower
 
 import keras_clones
 from keras_clones import CloneModel
@@ -15,187 +20,6 @@ from keras_clones.clone_model import clones as clone_steps
 
 THREE_CPUS = DeploymentConfig(devices=["/cpu:0", "/cpu:1", "/cpu:2"])
 TWO_CPUS = DeploymentConfig(devices=["/cpu:0", "/cpu:1"])
-REPLICATED_THREE_CPUS = DeploymentConfig(
-    devices=["/cpu:0", "/cpu:1", "/cpu:2"], variable_update="replicated"
-)
-
-
-def pair(build, deployment, **compile_kwargs):
-    """A plain model and a CloneModel with the same initial weights."""
-    compile_kwargs.setdefault("loss", "sparse_categorical_crossentropy")
-    compile_kwargs.setdefault("metrics", ["accuracy"])
-    reference = build()
-    clones = build(CloneModel, deployment=deployment)
-    clones.set_weights(reference.get_weights())
-    for model in (reference, clones):
-        model.compile(optimizer=keras.optimizers.SGD(0.5), **compile_kwargs)
-    return reference, clones
-
-
-def assert_same_weights(a, b, atol=1e-5):
-    assert len(a.weights) == len(b.weights)
-    for va, vb in zip(a.weights, b.weights):
-        np.testing.assert_allclose(
-            va.numpy(), vb.numpy(), atol=atol, err_msg=va.path
-        )
-
-
-def fit_both(reference, clones, *args, **kwargs):
-    kwargs.setdefault("verbose", 0)
-    kwargs.setdefault("shuffle", False)
-    return (
-        reference.fit(*args, **kwargs).history,
-        clones.fit(*args, **kwargs).history,
-    )
-
-
-@pytest.mark.parametrize(
-    "rows, deployment",
-    [
-        (8, TWO_CPUS),  # even split
-        (7, THREE_CPUS),  # uneven: 3, 2, 2
-        (2, THREE_CPUS),  # smaller than the clones: 1, 1, 0
-        (1, THREE_CPUS),  # one row: 1, 0, 0
-    ],
-)
-def test_one_step_matches_plain_model_on_whole_batch(rows, deployment):
-    reference, clones = pair(mlp, deployment)
-    x, y = data(rows)
-    ref_logs, clone_logs = fit_both(reference, clones, x, y, batch_size=rows)
-    np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], atol=1e-5)
-    np.testing.assert_allclose(
-        clone_logs["accuracy"], ref_logs["accuracy"], atol=1e-6
-    )
-    assert_same_weights(reference, clones)
-
-
-def test_epochs_with_uneven_last_batch_match_plain_model():
-    reference, clones = pair(mlp, THREE_CPUS)
-    x, y = data(13)
-    sample_weight = np.linspace(0.5, 2.0, 13).astype("float32")
-    ref_logs, clone_logs = fit_both(
-        reference,
-        clones,
-        x,
-        y,
-        sample_weight=sample_weight,
-        batch_size=5,
-        epochs=3,
-        validation_data=data(9, seed=1),
-    )
-    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
-        np.testing.assert_allclose(clone_logs[key], ref_logs[key], atol=1e-5)
-    assert_same_weights(reference, clones)
-
-
-def test_class_weight_matches_plain_model():
-    reference, clones = pair(mlp, TWO_CPUS)
-    x, y = data(11)
-    ref_logs, clone_logs = fit_both(
-        reference,
-        clones,
-        x,
-        y,
-        batch_size=11,
-        epochs=2,
-        class_weight={0: 1.0, 1: 3.0, 2: 0.5},
-    )
-    np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], atol=1e-5)
-    assert_same_weights(reference, clones)
-
-
-def test_multi_input_multi_output_with_sample_weights():
-    rows = 9
-    rng = np.random.default_rng(3)
-    x = {
-        "a": rng.normal(size=(rows, 4)).astype("float32"),
-        "b": rng.normal(size=(rows, 3)).astype("float32"),
-    }
-    y = (rng.integers(0, 2, size=rows), rng.normal(size=(rows, 1)))
-    sample_weight = (
-        rng.uniform(0.5, 1.5, size=rows),
-        rng.uniform(0.5, 1.5, size=rows),
-    )
-    reference, clones = pair(
-        two_tower,
-        THREE_CPUS,
-        loss=("sparse_categorical_crossentropy", "mse"),
-        loss_weights=(1.0, 0.5),
-        metrics=(["accuracy"], ["mae"]),
-    )
-    ref_logs, clone_logs = fit_both(
-        reference,
-        clones,
-        x,
-        y,
-        sample_weight=sample_weight,
-        batch_size=rows,
-        epochs=2,
-    )
-    for key in ("loss", "label_accuracy", "value_mae"):
-        np.testing.assert_allclose(clone_logs[key], ref_logs[key], atol=1e-5)
-    assert_same_weights(reference, clones)
-    ref = reference.evaluate(x, y, verbose=0, return_dict=True)
-    got = clones.evaluate(x, y, verbose=0, return_dict=True)
-    assert list(got) == list(ref)  # A plain model's keys, in its order.
-    for key in ref:
-        np.testing.assert_allclose(got[key], ref[key], atol=1e-5)
-
-
-def test_sum_reduction_matches_plain_model():
-    reference, clones = pair(
-        mlp,
-        THREE_CPUS,
-        loss=keras.losses.SparseCategoricalCrossentropy(reduction="sum"),
-    )
-    x, y = data(8)
-    ref_logs, clone_logs = fit_both(reference, clones, x, y, batch_size=8)
-    np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], atol=1e-5)
-    assert_same_weights(reference, clones)
-
-
-class PositionEmbedding(keras.layers.Layer):
-    """Adds an embedding of each of 4 positions, looked up once per batch
-    (as keras-hub's ViT does)."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.embedding = keras.layers.Embedding(4, 8)
-
-    def call(self, x):
-        return x + self.embedding(keras.ops.arange(4)[None])
-
-
-def embedded(model_class=keras.Model, **kwargs):
-    """A regression on 4 token ids, embedded, plus their position's
-    embedding."""
-    keras.utils.set_random_seed(1)
-    inputs = keras.Input((4,), dtype="int32")
-    h = PositionEmbedding()(keras.layers.Embedding(6, 8)(inputs))
-    outputs = keras.layers.Dense(1)(keras.layers.Flatten()(h))
-    return model_class(inputs, outputs, **kwargs)
-
-
-@pytest.mark.parametrize(
-    "rows, deployment",
-    [
-        (8, TWO_CPUS),  # Both clones look up the same tokens.
-        (7, REPLICATED_THREE_CPUS),  # 3, 2, 2 rows
-    ],
-)
-def test_embeddings_train_as_the_plain_model_under_adam(rows, deployment):
-    # Adam squares each row of a sparse gradient: a position, looked up once
-    # per batch, has one row in the plain model's gradient (not one per
-    # clone); a token one per occurrence (as the clones' rows together).
-    reference, clones = pair(embedded, deployment, loss="mse", metrics=None)
-    for model in (reference, clones):
-        model.compile(keras.optimizers.Adam(1e-3), "mse")
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, 6, size=(4, 4)).astype("int32")
-    x = np.concatenate([tokens, tokens])[:rows]
-    y = rng.normal(size=(rows, 1)).astype("float32")
-    fit_both(reference, clones, x, y, batch_size=rows, epochs=2)
-    assert_same_weights(reference, clones, atol=1e-7)
 
 
 def test_clones_rows_sum_only_where_their_indices_agree_and_ignore_the_batch():
@@ -296,102 +120,6 @@ def test_clones_draw_their_own_dropout_masks():
     assert logs["clone_0_loss"][0] != logs["clone_1_loss"][0]
 
 
-def test_logs_have_per_clone_losses():
-    inputs = keras.Input((6,))
-    dense = keras.layers.Dense(3, activation="softmax", kernel_regularizer="l2")
-    model = CloneModel(inputs, dense(inputs), deployment=THREE_CPUS)
-    model.compile(keras.optimizers.SGD(0.0), "sparse_categorical_crossentropy")
-    x, y = data(7)
-    logs = model.fit(x, y, batch_size=7, shuffle=False, verbose=0).history
-    per_row = np.asarray(
-        keras.losses.sparse_categorical_crossentropy(
-            y, model.predict(x, verbose=0)
-        )
-    )
-    regularization = 0.01 * float(np.sum(dense.kernel.numpy() ** 2))
-    np.testing.assert_allclose(
-        logs["loss"][0], per_row.mean() + regularization, rtol=1e-5
-    )
-    # Each clone's loss: its data loss plus the whole regularization.
-    for i, rows in enumerate(np.array_split(np.arange(7), 3)):
-        np.testing.assert_allclose(
-            logs[f"clone_{i}_loss"][0],
-            per_row[rows].mean() + regularization,
-            rtol=1e-5,
-        )
-
-
-def test_predict_keeps_input_order_and_evaluate_matches():
-    reference, clones = pair(mlp, THREE_CPUS)
-    x, y = data(10)
-    np.testing.assert_allclose(
-        clones.predict(x, batch_size=4, verbose=0),
-        reference.predict(x, batch_size=4, verbose=0),
-        atol=1e-6,
-    )
-    ref = reference.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
-    got = clones.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
-    for key in ref:
-        np.testing.assert_allclose(got[key], ref[key], atol=1e-6)
-
-
-def test_steps_per_execution_matches_plain_model():
-    reference, clones = pair(mlp, TWO_CPUS, steps_per_execution=3)
-    x, y = data(20)
-    ref_logs, clone_logs = fit_both(
-        reference, clones, x, y, batch_size=3, epochs=2
-    )
-    np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], atol=1e-5)
-    assert_same_weights(reference, clones)
-
-
-class SubclassedClones(CloneModel):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.hidden = keras.layers.Dense(5, activation="relu")
-        self.out = keras.layers.Dense(2)
-
-    def call(self, inputs):
-        return self.out(self.hidden(inputs))
-
-
-def test_subclassed_clone_model_matches_plain_model():
-    keras.utils.set_random_seed(6)
-    clones = SubclassedClones(deployment=TWO_CPUS)
-    keras.utils.set_random_seed(6)
-    reference = keras.Sequential(
-        [keras.Input((3,)), clones.hidden.__class__(5, activation="relu")]
-        + [keras.layers.Dense(2)]
-    )
-    clones(np.zeros((1, 3), "float32"))
-    clones.set_weights(reference.get_weights())
-    x = np.random.default_rng(7).normal(size=(5, 3)).astype("float32")
-    y = np.random.default_rng(8).normal(size=(5, 2)).astype("float32")
-    for model in (reference, clones):
-        model.compile(keras.optimizers.SGD(0.1), "mse")
-    ref_logs, clone_logs = fit_both(reference, clones, x, y, batch_size=5)
-    np.testing.assert_allclose(clone_logs["loss"], ref_logs["loss"], atol=1e-5)
-    assert_same_weights(reference, clones)
-
-
-def test_wrapping_an_existing_sequential_model():
-    keras.utils.set_random_seed(9)
-    sequential = keras.Sequential(
-        [keras.Input((6,)), keras.layers.Dense(3, activation="softmax")]
-    )
-    clones = CloneModel(
-        sequential.inputs, sequential.outputs, deployment=TWO_CPUS
-    )
-    assert clones.weights[0] is sequential.weights[0]
-    clones.compile("sgd", "sparse_categorical_crossentropy")
-    clones.fit(*data(8), batch_size=4, verbose=0)
-    np.testing.assert_allclose(
-        sequential.predict(data(3)[0], verbose=0),
-        clones.predict(data(3)[0], verbose=0),
-        atol=1e-6,
-    )
-
-
 def test_clone_ops_run_on_their_devices():
     model = mlp(CloneModel, deployment=THREE_CPUS)
     model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
@@ -420,54 +148,6 @@ def test_jit_compile_is_refused_with_a_warning_for_several_clones():
     single.compile("sgd", "sparse_categorical_crossentropy", jit_compile=True)
     assert single.jit_compile is True
     single.fit(*data(4), verbose=0)
-
-
-@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-def test_mixed_precision_trains_like_plain_model(policy):
-    keras.mixed_precision.set_global_policy(policy)
-    try:
-        # Plain Keras cannot add float16 `add_loss` terms to a float32 loss.
-        reference, clones = pair(
-            lambda *a, **k: mlp(*a, extra_losses=False, **k), TWO_CPUS
-        )
-        if policy == "mixed_float16":
-            assert isinstance(
-                clones.optimizer, keras.optimizers.LossScaleOptimizer
-            )
-        x, y = data(16)
-        ref_logs, clone_logs = fit_both(
-            reference, clones, x, y, batch_size=8, epochs=2
-        )
-        np.testing.assert_allclose(
-            clone_logs["loss"], ref_logs["loss"], rtol=2e-2
-        )
-        assert_same_weights(reference, clones, atol=2e-2)
-        assert clone_logs["loss"][-1] < clone_logs["loss"][0]
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-
-
-def test_save_and_load_round_trip(tmp_path):
-    model = mlp(CloneModel, deployment=THREE_CPUS)
-    model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
-    x, y = data(9)
-    model.fit(x, y, batch_size=9, verbose=0)
-    path = tmp_path / "clones.keras"
-    model.save(path)
-    loaded = keras.models.load_model(path)
-    assert isinstance(loaded, CloneModel)
-    assert loaded.deployment == THREE_CPUS
-    np.testing.assert_allclose(
-        loaded.predict(x, verbose=0), model.predict(x, verbose=0)
-    )
-    model.fit(x, y, batch_size=9, verbose=0)
-    loaded.fit(x, y, batch_size=9, verbose=0)
-    assert_same_weights(model, loaded, atol=1e-6)
-
-
-def test_invalid_deployment_type():
-    with pytest.raises(TypeError, match="must be a `keras_clones.Deploy"):
-        mlp(CloneModel, deployment=2)
 
 
 def test_refused_under_a_strategy_with_several_replicas():
@@ -616,7 +296,7 @@ def test_a_deployment_config_dict_equals_deployment_config_of_its_keys(config):
 def test_in_flight_per_worker_outside_parameter_servers_is_refused_untouched(
     value, error, match
 ):
-    reference, clones = pair(mlp, TWO_CPUS)
+    reference, clones = clone_pair(mlp, TWO_CPUS)
     x, y = data(8)
     with pytest.raises(error, match=match):
         clones.fit(x, y, epochs=1, verbose=0, in_flight_per_worker=value)
@@ -625,4 +305,69 @@ def test_in_flight_per_worker_outside_parameter_servers_is_refused_untouched(
     kwargs = dict(epochs=1, batch_size=8, verbose=0, shuffle=False)
     reference.fit(x, y, **kwargs)
     clones.fit(x, y, in_flight_per_worker=1, **kwargs)
-    assert_same_weights(reference, clones)
+    assert_same_weights(reference, clones, atol=1e-5)
+
+
+SERVE_ON_ONE_CPU = """if True:
+    import sys, warnings
+    import numpy as np
+    import keras
+    import keras_clones
+    import tensorflow as tf
+
+    assert len(tf.config.list_logical_devices("CPU")) == 1
+    model_path, data_path, out_path = sys.argv[1:]
+    data = np.load(data_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = keras.models.load_model(model_path)
+        results = dict(
+            evaluate=model.evaluate(data["x"], data["y"], verbose=0),
+            predict=model.predict(data["x"], verbose=0),
+        )
+    warned = [str(w.message) for w in caught]
+    assert sum("do not exist" in m for m in warned) == 1, warned
+    assert model.deployment.num_clones == 2
+    np.savez(out_path, **results)
+"""
+
+
+@pytest.mark.parametrize("variable_update", ["parameter_server", "replicated"])
+def test_a_model_trained_on_two_cpus_serves_on_one_as_in_the_saving_process(
+    tmp_path, run_script, variable_update
+):
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((3,))
+    hidden = keras.layers.BatchNormalization()(keras.layers.Dense(5)(inputs))
+    outputs = keras.layers.Dense(3, activation="softmax")(hidden)
+    model = CloneModel(
+        inputs,
+        outputs,
+        deployment=DeploymentConfig(
+            devices=["/cpu:0", "/cpu:1"], variable_update=variable_update
+        ),
+    )
+    model.compile(
+        keras.optimizers.Adam(0.05), "sparse_categorical_crossentropy"
+    )
+    x, y = data(20, features=3)
+    model.fit(x, y, batch_size=6, epochs=2, verbose=0)
+    model.save(tmp_path / "model.keras")
+    np.savez(tmp_path / "data.npz", x=x, y=y)
+    run_script(
+        [
+            "-c",
+            SERVE_ON_ONE_CPU,
+            tmp_path / "model.keras",
+            tmp_path / "data.npz",
+            tmp_path / "served.npz",
+        ],
+        timeout=300,
+    )
+    served = np.load(tmp_path / "served.npz")
+    np.testing.assert_allclose(
+        served["evaluate"], model.evaluate(x, y, verbose=0), atol=1e-6
+    )
+    np.testing.assert_allclose(
+        served["predict"], model.predict(x, verbose=0), atol=1e-6
+    )

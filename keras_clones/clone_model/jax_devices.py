@@ -77,15 +77,16 @@ def clone_devices(deployment):
 
 def existing_clone_devices(deployment):
     """The devices of `deployment`'s clones that are this process's, in
-    clone order (this process's first device where none is), and a
-    description of those that are not (None where every one is)."""
+    clone order (this process's first device where none is), and the
+    names of those that are not (`"clone 2's"` for the clones of
+    `num_clones` beyond this process's devices), empty where every one
+    is."""
     local = jax.local_devices()
     if deployment.devices is None:
         count = deployment.num_clones
-        if count <= len(local):
-            return local[:count], None
-        return local, f"{count - len(local)} of its {count} clones' devices"
+        missing = [f"clone {i}'s" for i in range(len(local), count)]
+        return local[:count], missing
     by_name = {f"{d.platform}:{d.id}": d for d in local}
     found = [by_name[n] for n in deployment.devices if n in by_name]
     missing = [n for n in deployment.devices if n not in by_name]
-    return found or local[:1], (missing or None) and ", ".join(missing)
+    return found or local[:1], missing

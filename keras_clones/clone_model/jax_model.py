@@ -1,8 +1,6 @@
 """`CloneModel` on Keras's JAX backend: each step one program over the
 clones' devices, the batch split by rows over them."""
 
-import warnings
-
 import jax
 import keras
 import numpy as np
@@ -13,6 +11,7 @@ from jax.sharding import PartitionSpec
 from keras_clones import _keras_internals as internals
 from keras_clones.clone_model import functional
 from keras_clones.clone_model import jax_devices
+from keras_clones.clone_model import user_messages
 from keras_clones.clone_model.deployment import DeploymentConfig
 from keras_clones.jax_trainer import steps_in_flight
 
@@ -123,15 +122,8 @@ class CloneModel(keras.Model):
     def _inference_devices(self):
         devices, missing = jax_devices.existing_clone_devices(self._deployment)
         if missing:
-            names = ", ".join(f"{d.platform}:{d.id}" for d in devices)
-            warnings.warn(
-                f"This CloneModel's deployment names devices this process "
-                f"does not have ({missing}): `evaluate` and `predict` run on "
-                f"{names} instead, with the same results (`fit` refuses to "
-                "train there). To choose the devices, set `model.deployment "
-                "= keras_clones.DeploymentConfig(devices=[...])`.",
-                stacklevel=4,
-            )
+            names = [f"{d.platform}:{d.id}" for d in devices]
+            user_messages.warn_missing_devices(missing, names, stacklevel=4)
         return devices
 
     # Steps.
@@ -170,8 +162,9 @@ class CloneModel(keras.Model):
         self._check_runs_here()
         copies = NamedSharding(self._clones_mesh(training), PartitionSpec())
         variables = [*self.variables, *self.metrics_variables]
-        if self.optimizer is not None:
-            variables += self.optimizer.variables
+        optimizer = getattr(self, "optimizer", None)  # None before compile.
+        if optimizer is not None:
+            variables += optimizer.variables
         for variable in variables:
             if variable.value.sharding != copies:
                 variable.assign(jax.device_put(variable.value, copies))
@@ -194,14 +187,21 @@ class CloneModel(keras.Model):
             )
 
     def _split(self, data, training):
-        """`data` laid out by rows over the clones, within a step."""
+        """`data` laid out by rows over the clones, within a step; run
+        eagerly (`run_eagerly=True`), rows that do not divide by the
+        clones go whole to each (XLA's uneven layout is a compiled
+        program's), with the same results."""
         mesh = self._clones_mesh(training)
         rows = NamedSharding(mesh, PartitionSpec(CLONES))
 
         def split(value):
             if value is None or not np.ndim(value):
                 return value
-            return jax.lax.with_sharding_constraint(value, rows)
+            if isinstance(value, jax.core.Tracer):
+                return jax.lax.with_sharding_constraint(value, rows)
+            if len(value) % mesh.size:
+                return jax.device_put(value, rows.update(spec=PartitionSpec()))
+            return jax.device_put(value, rows)
 
         return jax.tree.map(split, data)
 
@@ -236,10 +236,13 @@ class CloneModel(keras.Model):
         trackers = self._logged_clone_losses()
         if not trackers:
             return logs, metrics_variables
-        losses = _clone_losses(
-            self, len(trackers), unscaled_loss, y, y_pred, sample_weight
-        )
         mapping = list(zip(self.metrics_variables, metrics_variables))
+        # The compiled loss updates its per-output losses' metrics: here
+        # in a scope of its own, left.
+        with keras.StatelessScope(state_mapping=mapping):
+            losses = _clone_losses(
+                self, len(trackers), unscaled_loss, y, y_pred, sample_weight
+            )
         with keras.StatelessScope(state_mapping=mapping) as scope:
             for tracker, (loss, rows) in zip(trackers, losses):
                 if rows:
@@ -261,7 +264,10 @@ class CloneModel(keras.Model):
 
     def evaluate(self, *args, **kwargs):
         self._check_runs_here()
-        fit_logs, self._fit_logs = self._fit_logs, False
+        # `fit` validates with its own `CallbackList`: its logs get
+        # `val_clone_i_loss` too. Otherwise the result is a plain model's.
+        validation = internals.called_by_fit(kwargs.get("callbacks"))
+        fit_logs, self._fit_logs = self._fit_logs, validation
         try:
             return super().evaluate(*args, **kwargs)
         finally:
@@ -270,6 +276,10 @@ class CloneModel(keras.Model):
     def predict(self, *args, **kwargs):
         self._check_runs_here()
         return super().predict(*args, **kwargs)
+
+    def save(self, filepath, *args, **kwargs):
+        user_messages.refuse_legacy_h5(filepath)
+        return super().save(filepath, *args, **kwargs)
 
     def get_config(self):
         config = super().get_config()

@@ -15,6 +15,7 @@ from keras_clones.clone_model import counter_logs
 from keras_clones.clone_model import functional
 from keras_clones.clone_model import modes
 from keras_clones.clone_model import replication
+from keras_clones.clone_model import user_messages
 from keras_clones.clone_model.deployment import DeploymentConfig
 from keras_clones.conditional import run_if
 from keras_clones.step_hooks import Step
@@ -250,14 +251,8 @@ class CloneModel(keras.Model):
                     deployment.clone_device(i) or "the default device"
                     for i in range(deployment.num_clones)
                 ]
-                warnings.warn(
-                    f"This CloneModel's clone devices {missing} do not exist "
-                    "on this machine: `evaluate` and `predict` run on "
-                    f"{', '.join(devices)} instead, with the same results "
-                    "(`fit` refuses to train there). To choose the devices, "
-                    "set `model.deployment = keras_clones.DeploymentConfig("
-                    "devices=[...])`.",
-                    stacklevel=3,
+                user_messages.warn_missing_devices(
+                    missing, devices, stacklevel=3
                 )
             self._inference = deployment
         return self._inference
@@ -584,13 +579,7 @@ class CloneModel(keras.Model):
         return self._mode.infer(self, super().predict, args, kwargs)
 
     def save(self, filepath, *args, **kwargs):
-        if str(filepath).endswith((".h5", ".hdf5")):
-            raise ValueError(
-                "CloneModel cannot be saved in the legacy HDF5 format, which "
-                "keeps neither its class nor its deployment. Save it in the "
-                "Keras format instead: `model.save('model.keras')`. "
-                f"Received: filepath={filepath!r}."
-            )
+        user_messages.refuse_legacy_h5(filepath)
         with self._mode.write_path(filepath) as path:
             return super().save(path, *args, **kwargs)
 

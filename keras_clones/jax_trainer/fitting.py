@@ -196,7 +196,8 @@ def trains_across(model):
     """Whether `model` trains across JAX processes (`across_processes`),
     where that refuses nothing (`evaluate`, `save`)."""
     try:
-        return model.optimizer is not None and across_processes(model)
+        optimizer = getattr(model, "optimizer", None)  # None before compile.
+        return optimizer is not None and across_processes(model)
     except ValueError:
         return False
 
