@@ -107,3 +107,27 @@ def test_the_multi_worker_example_resumes_a_killed_worker_as_the_same_run(
     for local, center, resumed, uninterrupted in rows:
         assert float(local) < 1e-6 and float(center) < 1e-6, out
         assert float(resumed) == float(uninterrupted) > 0.9, out
+
+
+@pytest.mark.cluster
+@pytest.mark.xdist_group("cluster")
+def test_the_one_script_for_both_backends_trains_across_tensorflow_workers():
+    # examples/across_workers.py, the README's "Across workers", on 2
+    # workers under MultiWorkerMirroredStrategy (tests_jax runs it on JAX).
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_clones.launch", "--workers", "2"]
+        + [str(EXAMPLES / "across_workers.py"), "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    said = re.search(
+        r"\[worker 0\] held-out accuracy of the global centers: ([\d.]+)",
+        result.stdout,
+    )
+    assert said and float(said.group(1)) > 0.5  # Ten classes: 0.1 by chance.
+    assert "[worker 0] logged: accuracy, communication_rounds, loss" in (
+        result.stdout
+    )

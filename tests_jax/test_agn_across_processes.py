@@ -12,18 +12,15 @@ import json
 import re
 import sys
 
-import launching
 import numpy as np
 import pytest
 from helpers import recording_quanta
 from launching import WORKERS
+from launching import launch
 
 sys.path.insert(0, str(WORKERS))
 
 import variants  # noqa: E402
-
-launch, compiled_programs_removed = launching.module_launcher()
-
 
 # The variants run on workers of 2 devices each (a process and its 2 CPU
 # devices): a worker's step is one device's on its rows together, so AGN by
@@ -92,6 +89,27 @@ def test_each_variant_across_two_processes_is_agn_by_hand(
         assert int(got["iterations"]) == variants.STEPS
     np.testing.assert_array_equal(first["center"], second["center"])
     np.testing.assert_array_equal(first["loss"], second["loss"])
+
+
+def test_a_clone_models_worker_is_its_clones_and_logs_each_clones_loss(
+    variants_out,
+):
+    # On processes of 2 devices: 2 clones make a worker of 2 devices (as a
+    # plain model's), 1 clone a worker of 1; both are AGN by hand (above).
+    for name, devices in (("diloco_clones", 2), ("diloco_one_clone", 1)):
+        path = variants_out / f"{name}.steps.1.json"
+        for text in json.loads(path.read_text()).values():
+            # Each program runs over the 2 workers' devices.
+            assert f"num_partitions={2 * devices}" in text.split("\n")[0]
+    two = results(variants_out, "diloco_clones", 1)
+    for got in two:  # Each clone's loss, over both workers, as `loss`.
+        clones = np.asarray(got["clone_losses"])
+        np.testing.assert_allclose(clones.mean(axis=0), got["loss"], rtol=1e-6)
+        assert not np.allclose(clones[0], clones[1])
+    assert all(
+        len(got["clone_losses"]) == 0
+        for got in results(variants_out, "diloco_one_clone", 1)
+    )
 
 
 # The outer optimizers' gain on one number of a commit, summed over the

@@ -7,17 +7,16 @@ import re
 import shutil
 import sys
 
-import launching
 import numpy as np
 import pytest
 from launching import WORKERS
+from launching import launch
 
 sys.path.insert(0, str(WORKERS))
 
 import variants  # noqa: E402
 
 DEVICES = 2  # A worker's devices: a process and its 2 CPU devices.
-launch, compiled_programs_removed = launching.module_launcher()
 
 
 def resumed(out, processes):

@@ -72,6 +72,9 @@ def test_normalized_clones_with_dropout_and_agn_train_as_the_plain_model():
     logs, clone_logs = (fitted(m, 7) for m in (plain, clones))
     assert largest_difference(plain, clones) <= 1e-5
     np.testing.assert_allclose(clone_logs["loss"], logs["loss"], rtol=1e-5)
+    # 3 steps, a period of 2: one round, an integer, as on TensorFlow.
+    assert clone_logs["communication_rounds"] == [1]
+    assert type(clone_logs["communication_rounds"][0]) is int
     kernel = clones.trainable_variables[0].value
     assert len(kernel.sharding.device_set) == 2  # A copy on each clone.
 

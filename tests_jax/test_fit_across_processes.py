@@ -13,16 +13,14 @@ import subprocess
 import sys
 import types
 
-import launching
 import numpy as np
 import pytest
 from launching import WORKERS
+from launching import launch
 
 sys.path.insert(0, str(WORKERS))
 
 import variants  # noqa: E402
-
-launch, compiled_programs_removed = launching.module_launcher()
 
 
 @pytest.fixture(scope="module")
@@ -275,4 +273,23 @@ def test_processes_with_different_numbers_of_devices_are_refused(monkeypatch):
     ]
     monkeypatch.setattr(workers.jax, "devices", lambda: devices)
     with pytest.raises(ValueError, match=re.escape("they have [2, 3] (by")):
-        workers._mesh(2, 1)
+        workers._mesh(2, 1, (0, 1))
+
+
+def test_the_one_script_for_both_backends_trains_clones_across_workers():
+    # examples/across_workers.py, the README's "Across workers", on 2
+    # workers of 2 clones (tests/test_examples.py runs it on TensorFlow).
+    example = (
+        pathlib.Path(__file__).parents[1] / "examples" / "across_workers.py"
+    )
+    result = launch(example, "--clones", 2, "--epochs", 1, devices=2)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
+    said = re.search(
+        r"\[worker 0\] held-out accuracy of the global centers: ([\d.]+)",
+        result.stdout,
+    )
+    assert said and float(said.group(1)) > 0.5  # Ten classes: 0.1 by chance.
+    assert (
+        "[worker 0] logged: accuracy, clone_0_loss, clone_1_loss, "
+        "communication_rounds, loss"
+    ) in result.stdout

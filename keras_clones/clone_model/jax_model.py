@@ -9,11 +9,14 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from keras_clones import _keras_internals as internals
+from keras_clones import optimizer_capabilities
+from keras_clones.clone_model import counter_logs
 from keras_clones.clone_model import functional
 from keras_clones.clone_model import jax_devices
 from keras_clones.clone_model import user_messages
 from keras_clones.clone_model.deployment import DeploymentConfig
 from keras_clones.jax_trainer import steps_in_flight
+from keras_clones.replicas import worker_axis
 
 CLONES = "clones"  # The clones' mesh axis.
 
@@ -24,9 +27,9 @@ class CloneModel(keras.Model):
 
     On Keras's JAX backend each step (`fit`'s, `evaluate`'s, `predict`'s)
     is one compiled program over the devices of `deployment`: every batch
-    (inputs, targets and sample weights alike) is split by rows over them,
-    as `np.array_split` cuts it, and XLA sums the clones' gradients where
-    they meet. Every clone's device holds a copy of the weights and of the
+    (inputs, targets and sample weights alike) is split by rows over them
+    (XLA's uneven layout where they do not divide), and XLA sums the
+    clones' gradients where they meet. Every clone's device holds a copy of the weights and of the
     optimizer's state. `batch_size` stays the whole batch.
 
     A step is the plain model's step on the whole batch, for any model:
@@ -35,13 +38,18 @@ class CloneModel(keras.Model):
     (once), sample weights, any loss reduction, and BatchNormalization,
     whose moments are the whole batch's (on TensorFlow each clone
     normalizes by its own slice). The logs are a plain model's, plus one
-    `clone_i_loss` a clone during `fit` (each clone's loss on its slice,
-    the model's regularization included, a mean over the epoch weighted by
-    its rows), as on TensorFlow.
+    `clone_i_loss` a clone during `fit` (the loss on clone i's rows as
+    `np.array_split` cuts the batch, as on TensorFlow, the model's
+    regularization included, a mean over the epoch weighted by
+    its rows, and `val_clone_i_loss` with validation), and an
+    `AGNOptimizer`'s `communication_rounds`, as on TensorFlow.
 
-    Across JAX processes and under a `keras.distribution` a `CloneModel`
-    is refused for now: train a plain `keras.Model` there (each process a
-    worker of all its devices).
+    Across JAX processes, with an `AGNOptimizer` (under
+    `keras_clones.launch`), each process is a worker of its clones'
+    devices (`worker_devices()`: by default one clone, one device), not of
+    all its devices as a plain model's; `clone_i_loss` is then clone i's
+    loss over the workers. Workers of several processes and a
+    `keras.distribution` are refused.
 
     Args:
         deployment: A `DeploymentConfig`, or a dict of its arguments (as
@@ -169,13 +177,24 @@ class CloneModel(keras.Model):
             if variable.value.sharding != copies:
                 variable.assign(jax.device_put(variable.value, copies))
 
+    def worker_devices(self):
+        """This process's devices of its worker across JAX processes: its
+        clones' (a plain model's worker is all of the process's devices).
+        Every process's worker is its devices at the same places."""
+        return list(self._clones_mesh(True).devices.flat)
+
     def _check_runs_here(self):
-        """Refuses several processes and a `keras.distribution`."""
-        if jax.process_count() > 1:
+        """Refuses workers of several processes and a
+        `keras.distribution`."""
+        per_worker = worker_axis.processes_per_worker()
+        if per_worker > 1:
             raise ValueError(
-                "A `CloneModel` cannot train across JAX processes yet. Train "
-                "a plain `keras.Model` there: each process is a worker of "
-                "all its devices (docs/jax_processes.md)."
+                "A `CloneModel` across JAX processes is a worker of its own "
+                "clones, in one process, but this run makes workers of "
+                f"{per_worker} processes ({worker_axis.PROCESSES_PER_WORKER}"
+                f"={per_worker}). Launch one process a worker, or train a "
+                "plain `keras.Model` there: each worker is all its "
+                "processes' devices (docs/jax_processes.md)."
             )
         if keras.distribution.distribution() is not None:
             raise ValueError(
@@ -197,6 +216,8 @@ class CloneModel(keras.Model):
         def split(value):
             if value is None or not np.ndim(value):
                 return value
+            if worker_axis.workers() is not None:
+                return value  # A worker's step: `Workers.shard_rows`.
             if isinstance(value, jax.core.Tracer):
                 return jax.lax.with_sharding_constraint(value, rows)
             if len(value) % mesh.size:
@@ -206,7 +227,23 @@ class CloneModel(keras.Model):
         return jax.tree.map(split, data)
 
     def train_step(self, state, data):
-        return super().train_step(state, self._split(data, training=True))
+        logs, state = super().train_step(
+            state, self._split(data, training=True)
+        )
+        rounds = self._communication_rounds_position()
+        if rounds is not None:  # An `AGNOptimizer`'s, as on TensorFlow.
+            logs = {**logs, "communication_rounds": state[2][rounds]}
+        return logs, state
+
+    def _communication_rounds_position(self):
+        """Where the optimizer's `communication_rounds` (an
+        `AGNOptimizer`'s) is among its variables, or None."""
+        optimizer = optimizer_capabilities.unwrapped(self.optimizer)
+        rounds = getattr(optimizer, "communication_rounds", None)
+        for position, variable in enumerate(self.optimizer.variables):
+            if variable is rounds:
+                return position
+        return None
 
     def test_step(self, state, data):
         return super().test_step(state, self._split(data, training=False))
@@ -256,9 +293,11 @@ class CloneModel(keras.Model):
 
     def fit(self, *args, **kwargs):
         self._check_runs_here()
+        fit = super().fit
+        args, kwargs = counter_logs.with_integer_counters(fit, args, kwargs)
         self._fit_logs = True
         try:
-            return super().fit(*args, **kwargs)
+            return fit(*args, **kwargs)
         finally:
             self._fit_logs = False
 

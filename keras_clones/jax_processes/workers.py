@@ -49,21 +49,29 @@ def worker_devices():
 class Workers:
     """This run's processes as workers: `processes` processes (this one
     `process`), `count` workers of `per_worker` consecutive processes each
-    (this one's `index`), a worker all its processes' local devices; under
-    a `keras.distribution` over this worker's devices (`distribution`, see
+    (this one's `index`), a worker all its processes' local devices, or
+    those of `devices` (this process's, e.g. a `CloneModel`'s clones;
+    every process's at the same places among its own); under a
+    `keras.distribution` over this worker's devices (`distribution`, see
     `check_within_worker`), each worker's devices laid out as its mesh,
     which governs the step within the worker."""
 
-    def __init__(self, distribution=None):
+    def __init__(self, distribution=None, devices=None):
         self.processes = jax.process_count()
         self.process = jax.process_index()
         self.per_worker = worker_axis.processes_per_worker()
         self.count = self.processes // self.per_worker
         self.index = self.process // self.per_worker
-        self.devices = sorted(jax.local_devices(), key=_id)
+        local = sorted(jax.local_devices(), key=_id)
+        self.places = tuple(
+            range(len(local))
+            if devices is None
+            else sorted(local.index(d) for d in devices)
+        )
+        self.devices = [local[place] for place in self.places]
         self.distribution = distribution
         if distribution is None:
-            self.mesh = _mesh(self.count, self.per_worker)
+            self.mesh = _mesh(self.count, self.per_worker, self.places)
             self._own_mesh = None
             self._rows = (worker_axis.PROCESSES, worker_axis.DEVICES)
             self._process_axes = _PROCESS_AXES
@@ -87,6 +95,11 @@ class Workers:
             axes,
             per_process=True,
         )
+
+    def of_devices(self, devices):
+        """Whether a worker takes `devices` of this process (None: all of
+        its devices)."""
+        return self.devices == sorted(devices or jax.local_devices(), key=_id)
 
     @property
     def is_chief(self):
@@ -322,9 +335,10 @@ class Program:
         ]
 
 
-def _mesh(workers, per_worker):
+def _mesh(workers, per_worker, places):
     """The mesh of `workers` workers of `per_worker` processes each, in
-    the processes' order, each process's devices in their order."""
+    the processes' order, each process's devices at `places` (among its
+    own, in their order)."""
     rows = _devices_by_process()
     counts = sorted({len(devices) for devices in rows.values()})
     if len(counts) > 1:
@@ -334,9 +348,9 @@ def _mesh(workers, per_worker):
             f"{[len(rows[p]) for p in sorted(rows)]} (by process). Give each "
             "process as many devices (e.g. `CUDA_VISIBLE_DEVICES`)."
         )
-    devices = np.array([rows[p] for p in sorted(rows)])
+    devices = np.array([rows[p] for p in sorted(rows)])[:, list(places)]
     return Mesh(
-        devices.reshape(workers, per_worker, counts[0]),
+        devices.reshape(workers, per_worker, len(places)),
         (worker_axis.NAME, worker_axis.PROCESSES, worker_axis.DEVICES),
     )
 

@@ -76,12 +76,22 @@ _ACROSS = weakref.WeakSet()
 _evaluation_logs = weakref.WeakKeyDictionary()
 
 
-def workers():
+def workers(model=None):
     """This run's `Workers` (made on first use), laid out by the
-    `keras.distribution` in effect (none, or one within each worker)."""
+    `keras.distribution` in effect (none, or one within each worker), a
+    worker `model`'s `worker_devices()` of each process where it has them
+    (a `CloneModel`'s clones), else all of them."""
     distribution = keras.distribution.distribution()
-    if not _WORKERS or _WORKERS[0].distribution is not distribution:
-        _WORKERS[:] = [Workers(distribution)]
+    devices = None
+    if hasattr(model, "worker_devices"):
+        devices = model.worker_devices()
+    made = _WORKERS[0] if _WORKERS else None
+    if (
+        made is None
+        or made.distribution is not distribution
+        or not made.of_devices(devices)
+    ):
+        _WORKERS[:] = [Workers(distribution, devices)]
     return _WORKERS[0]
 
 
@@ -349,7 +359,7 @@ def _spans_processes(model):
 def _across(model, options, callbacks):
     """`fit`'s callbacks across processes (`options` are its arguments),
     once the processes agree on the model (`check_same_model`)."""
-    own = workers()
+    own = workers(model)
     check_same_model(model, own)
     _ACROSS.add(model)
     if options["verbose"] == "auto" and not own.is_chief:
@@ -392,7 +402,7 @@ def jax_state_sync(keras_sync, model):
     unwrapped where it is global (across processes)."""
     state = internals.jax_state(model)
     if state and model in _ACROSS:
-        own = workers()
+        own = workers(model)
         if own is not None:
             if any(_deleted(a) for v in state.values() for a in v):
                 # The execution it was donated to failed, and `fit`'s
@@ -424,7 +434,7 @@ def make_train_function(keras_make, model, force=False):
     if model.train_function is not None and not force:
         return
     if across_processes(model):
-        model.train_function = train_function.make(model, workers())
+        model.train_function = train_function.make(model, workers(model))
         return
     function = period_programs.train_function(model)
     if function is None:
@@ -464,7 +474,7 @@ def metrics_result_or_logs(keras_result, model, logs):
     and `evaluate`'s results): every process must call it alike."""
     if not trains_across(model):
         return keras_result(model, logs)
-    own = workers()
+    own = workers(model)
     # Made again for other metrics (a `compile` since).
     metrics = tuple(map(id, model.metrics_variables))
     made = _evaluation_logs.get(model)

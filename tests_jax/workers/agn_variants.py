@@ -55,7 +55,9 @@ def run(out, name, steps_per_execution):
     if "model_parallel" in name:
         keras.distribution.set_distribution(variants.model_parallel())
     # Different on each process.
-    model = variants.mlp(seed=process, lazy="lazy" in name)
+    model = variants.mlp(
+        seed=process, lazy="lazy" in name, clones=variants.CLONES.get(name, 0)
+    )
     model.compile(
         keras_clones_agn(inner, outer, options),
         "mse",
@@ -83,6 +85,9 @@ def run(out, name, steps_per_execution):
         center=variants.flat([np.asarray(c) for c in centers]),
         loss=history.history["loss"],
         skipped=history.history.get("skipped_steps", []),
+        clone_losses=[history.history[f"clone_{i}_loss"] for i in range(2)]
+        if "clone_1_loss" in history.history
+        else [],
         rounds=int(optimizer.communication_rounds.numpy()),
         iterations=int(optimizer.iterations.numpy()),
         trainable=[v.path for v in model.trainable_variables],

@@ -53,6 +53,11 @@ QUANTIZED = (
     "diloco_int8_model_parallel",
 )
 VARIANTS["diloco_lazy"] = RULES["diloco"]  # A subclassed model built late.
+# A `CloneModel` of 2 clones, a worker of its 2 devices; of 1 clone (the
+# default), a worker of 1 device of its process's 2.
+VARIANTS["diloco_clones"] = RULES["diloco"]
+VARIANTS["diloco_one_clone"] = RULES["diloco"]
+CLONES = {"diloco_clones": 2, "diloco_one_clone": 1}
 # Under `keras.distribution.ModelParallel` within each worker
 # (`model_parallel`): the same rule, its state split as the variables.
 VARIANTS["diloco_model_parallel"] = RULES["diloco"]
@@ -116,16 +121,26 @@ def model_parallel():
     )
 
 
-def mlp(seed, lazy=False):
+def mlp(seed, lazy=False, clones=0):
+    """The variants' model; with `clones`, as a `CloneModel` of that many
+    clones."""
     keras.utils.set_random_seed(seed)
     if lazy:
         return LazyMLP()
-    return keras.Sequential(
+    model = keras.Sequential(
         [
             keras.Input((5,)),
             keras.layers.Dense(4, activation="tanh"),
             keras.layers.Dense(2),
         ]
+    )
+    if not clones:
+        return model
+    import keras_clones
+
+    deployment = keras_clones.DeploymentConfig(num_clones=clones)
+    return keras_clones.CloneModel(
+        model.inputs, model.outputs, deployment=deployment
     )
 
 
