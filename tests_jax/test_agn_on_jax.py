@@ -21,6 +21,8 @@ from reference import models
 from reference import optimizers
 
 from keras_clones import AGNOptimizer
+from keras_clones import CloneModel
+from keras_clones import DeploymentConfig
 
 PERIOD, STEPS = 3, 9
 
@@ -177,15 +179,20 @@ def digits_like_data():
     return x, y
 
 
-def mlp():
+def mlp(clones=0):
+    """The tests' model; with `clones`, as a `CloneModel` of that many."""
     keras.utils.set_random_seed(4)
-    return keras.Sequential(
+    model = keras.Sequential(
         [
             keras.Input((5,)),
             keras.layers.Dense(4, activation="tanh"),
             keras.layers.Dense(2),
         ]
     )
+    if not clones:
+        return model
+    deployment = DeploymentConfig(num_clones=clones)
+    return CloneModel(model.inputs, model.outputs, deployment=deployment)
 
 
 def by_hand_of(model, x, y, steps, period, **options):
@@ -346,13 +353,16 @@ def test_an_agn_checkpoint_saved_on_tensorflow_loads_as_trained_on_jax():
     agn_checkpoint.check_loads_as_trained_here("tensorflow", "int32")
 
 
-def test_post_init_copy_makes_the_centers_follow_weights_set_at_a_period_end():
+@pytest.mark.parametrize("clones", [0, 2])
+def test_post_init_copy_makes_the_centers_follow_weights_set_at_a_period_end(
+    clones,
+):
     from keras_clones.callbacks import PostInitCopy
 
     x, y = digits_like_data()
 
     def trained_then_reset(copy):
-        model = mlp()
+        model = mlp(clones)
         model.compile(agn_adam(period=4), "mse")
         model.fit(x, y, batch_size=BATCH, steps_per_epoch=4, verbose=0)
         new = [w + 1.0 for w in model.get_weights()]  # E.g. weights loaded.
@@ -381,8 +391,12 @@ def nan_data():
     return x, y
 
 
-@pytest.mark.parametrize("distributed", [False, True])
-def test_inf_nan_check_skips_a_nan_batch_as_the_rule_by_hand(distributed):
+@pytest.mark.parametrize(
+    "distributed, clones", [(False, 0), (True, 0), (False, 2)]
+)
+def test_inf_nan_check_skips_a_nan_batch_as_the_rule_by_hand(
+    distributed, clones
+):
     from keras_clones.callbacks import InfNanCheck
 
     x, y = nan_data()
@@ -390,7 +404,7 @@ def test_inf_nan_check_skips_a_nan_batch_as_the_rule_by_hand(distributed):
         keras.distribution.DataParallel() if distributed else None
     )
     try:
-        model = mlp()
+        model = mlp(clones)
         model.compile(agn_adam(), "mse")
         by_hand = by_hand_of(
             model, x, y, 2 * BATCHES, 4, skipped={(0, 1), (0, BATCHES + 1)}
