@@ -29,8 +29,9 @@ class CloneModel(keras.Model):
     is one compiled program over the devices of `deployment`: every batch
     (inputs, targets and sample weights alike) is split by rows over them
     (XLA's uneven layout where they do not divide), and XLA sums the
-    clones' gradients where they meet. Every clone's device holds a copy of the weights and of the
-    optimizer's state. `batch_size` stays the whole batch.
+    clones' gradients where they meet. Every clone's device holds a copy of
+    the weights and of the optimizer's state. `batch_size` stays the whole
+    batch.
 
     A step is the plain model's step on the whole batch, for any model:
     batches that do not divide by the clones (XLA's uneven layout, no
@@ -352,10 +353,19 @@ def _clone_losses(model, clones, unscaled_loss, y, y_pred, sample_weight):
     whole batch's loss has them."""
     compiled = internals.compiled_loss(model)
     size = jax.tree.leaves(y_pred)[0].shape[0]
-    parts = np.array_split(np.arange(size), clones)
-    bounds = np.cumsum([0] + [len(part) for part in parts])
     whole = compiled(y, y_pred, sample_weight)
     others = unscaled_loss - whole
+    if size % clones == 0 and not isinstance(y_pred, (list, tuple, dict)):
+        # A block of rows a clone, each where its clone's device holds it:
+        # no rows move between the devices (slices would).
+        def blocks(value):
+            return value.reshape(clones, size // clones, *value.shape[1:])
+
+        stacked = [jax.tree.map(blocks, v) for v in (y, y_pred, sample_weight)]
+        losses = jax.vmap(compiled)(*stacked) + others
+        return [(losses[i], size // clones) for i in range(clones)]
+    parts = np.array_split(np.arange(size), clones)
+    bounds = np.cumsum([0] + [len(part) for part in parts])
     losses = []
     for start, end in zip(bounds[:-1], bounds[1:]):
         if start == end:
