@@ -14,6 +14,7 @@ import pytest
 from keras_clones import AGNOptimizer
 from keras_clones import CloneModel
 from keras_clones import DeploymentConfig
+from keras_clones.replicas import worker_axis
 
 ROWS = 15
 TWO = {"deployment": DeploymentConfig(num_clones=2)}
@@ -89,9 +90,25 @@ def test_a_weighted_mean_reduction_trains_as_the_plain_model():
     np.testing.assert_allclose(clone_logs["loss"], logs["loss"], rtol=1e-5)
 
 
-def test_what_a_clone_model_cannot_run_under_is_refused_when_it_runs():
+def test_its_worker_across_processes_is_its_clones_by_keras_names():
+    # As keras_clones.worker_devices() names a plain model's (all of them).
+    assert compiled(CloneModel, **TWO).worker_devices() == ["cpu:0", "cpu:1"]
+    assert compiled(CloneModel).worker_devices() == ["cpu:0"]
+
+
+def test_what_a_clone_model_cannot_run_under_is_refused_when_it_runs(
+    monkeypatch,
+):
     x, y, _ = data()
     clones = compiled(CloneModel, **TWO)
+    with monkeypatch.context() as patched:  # As under the launcher's -G 2.
+        patched.setattr(worker_axis, "processes_per_worker", lambda: 2)
+        with pytest.raises(ValueError) as refused:
+            clones.fit(x, y, verbose=0)
+    assert "workers of 2 processes (KERAS_CLONES_PROCESSES_PER_WORKER=2)" in (
+        str(refused.value)
+    )
+    assert "Launch one process a worker" in str(refused.value)
     keras.distribution.set_distribution(keras.distribution.DataParallel())
     try:
         with pytest.raises(

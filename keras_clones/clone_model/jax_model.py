@@ -179,10 +179,13 @@ class CloneModel(keras.Model):
                 variable.assign(jax.device_put(variable.value, copies))
 
     def worker_devices(self):
-        """This process's devices of its worker across JAX processes: its
-        clones' (a plain model's worker is all of the process's devices).
-        Every process's worker is its devices at the same places."""
-        return list(self._clones_mesh(True).devices.flat)
+        """This process's devices of its worker across JAX processes, by
+        Keras's names (as `keras_clones.worker_devices()` names a plain
+        model's, all of the process's devices): its clones'. Every
+        process's worker is its devices at the same places."""
+        return [
+            f"{d.platform}:{d.id}" for d in self._clones_mesh(True).devices.flat
+        ]
 
     def _check_runs_here(self):
         """Refuses workers of several processes and a

@@ -80,11 +80,12 @@ def workers(model=None):
     """This run's `Workers` (made on first use), laid out by the
     `keras.distribution` in effect (none, or one within each worker), a
     worker `model`'s `worker_devices()` of each process where it has them
-    (a `CloneModel`'s clones), else all of them."""
+    (a `CloneModel`'s clones, by Keras's names), else all of them."""
     distribution = keras.distribution.distribution()
     devices = None
-    if hasattr(model, "worker_devices"):
-        devices = model.worker_devices()
+    if hasattr(model, "worker_devices"):  # A `CloneModel`'s, by name.
+        named = {f"{d.platform}:{d.id}": d for d in jax.local_devices()}
+        devices = [named[name] for name in model.worker_devices()]
     made = _WORKERS[0] if _WORKERS else None
     if (
         made is None
