@@ -499,8 +499,8 @@ class DeploymentConfig:
         if not ON_TENSORFLOW:
             from keras_clones.clone_model import jax_devices
 
-            device = jax_devices.clone_devices(self)[clone_index]
-            return f"{device.platform}:{device.id}"
+            devices = jax_devices.clone_devices(self)
+            return jax_devices.device_name(devices[clone_index])
         if self._devices is not None:
             return self._worker_device + self._devices[clone_index]
         device = self._worker_device

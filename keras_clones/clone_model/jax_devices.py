@@ -11,6 +11,18 @@ _PLATFORMS = ("cpu", "gpu", "tpu")
 _KERAS_NAME = re.compile(r"(?P<platform>[a-z]+):(?P<id>\d+)")
 
 
+def device_name(device):
+    """A JAX device's Keras name: its platform and id (`"gpu:0"`), as
+    `keras_device_name` checks a name given."""
+    return f"{device.platform}:{device.id}"
+
+
+def local_devices_named(names):
+    """This process's JAX devices of Keras's `names`, in their order."""
+    by_name = {device_name(d): d for d in jax.local_devices()}
+    return [by_name[n] for n in names]
+
+
 def keras_device_name(device):
     """`device`, a clone device of `devices=`, checked for Keras's form
     (`"gpu:0"`) and lower-cased; TensorFlow's form (`"/gpu:0"`,
@@ -46,7 +58,7 @@ def clone_devices(deployment):
     Raises `ValueError` for a device that is not this process's (naming
     this process's devices)."""
     local = jax.local_devices()
-    names = [f"{d.platform}:{d.id}" for d in local]
+    names = [device_name(d) for d in local]
     if deployment.devices is None:
         if deployment.num_clones > len(local):
             raise ValueError(
@@ -59,7 +71,7 @@ def clone_devices(deployment):
             )
         return local[: deployment.num_clones]
     by_name = dict(zip(names, local))
-    others = {f"{d.platform}:{d.id}": d for d in jax.devices()}
+    others = {device_name(d): d for d in jax.devices()}
     devices = []
     for i, name in enumerate(deployment.devices):
         if name not in by_name:
@@ -86,7 +98,7 @@ def existing_clone_devices(deployment):
         count = deployment.num_clones
         missing = [f"clone {i}'s" for i in range(len(local), count)]
         return local[:count], missing
-    by_name = {f"{d.platform}:{d.id}": d for d in local}
+    by_name = {device_name(d): d for d in local}
     found = [by_name[n] for n in deployment.devices if n in by_name]
     missing = [n for n in deployment.devices if n not in by_name]
     return found or local[:1], missing

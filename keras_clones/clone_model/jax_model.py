@@ -131,7 +131,7 @@ class CloneModel(keras.Model):
     def _inference_devices(self):
         devices, missing = jax_devices.existing_clone_devices(self._deployment)
         if missing:
-            names = [f"{d.platform}:{d.id}" for d in devices]
+            names = [jax_devices.device_name(d) for d in devices]
             user_messages.warn_missing_devices(missing, names, stacklevel=4)
         return devices
 
@@ -183,9 +183,8 @@ class CloneModel(keras.Model):
         Keras's names (as `keras_clones.worker_devices()` names a plain
         model's, all of the process's devices): its clones'. Every
         process's worker is its devices at the same places."""
-        return [
-            f"{d.platform}:{d.id}" for d in self._clones_mesh(True).devices.flat
-        ]
+        devices = self._clones_mesh(True).devices.flat
+        return [jax_devices.device_name(d) for d in devices]
 
     def _check_runs_here(self):
         """Refuses workers of several processes and a

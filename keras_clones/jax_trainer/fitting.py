@@ -55,6 +55,7 @@ import numpy as np
 from keras_clones import _keras_internals as internals
 from keras_clones import gradients
 from keras_clones.agn.optimizer import agn_of
+from keras_clones.clone_model import jax_devices
 from keras_clones.jax_processes import backup
 from keras_clones.jax_processes import exits
 from keras_clones.jax_processes.workers import Workers
@@ -84,8 +85,7 @@ def workers(model=None):
     distribution = keras.distribution.distribution()
     devices = None
     if hasattr(model, "worker_devices"):  # A `CloneModel`'s, by name.
-        named = {f"{d.platform}:{d.id}": d for d in jax.local_devices()}
-        devices = [named[name] for name in model.worker_devices()]
+        devices = jax_devices.local_devices_named(model.worker_devices())
     made = _WORKERS[0] if _WORKERS else None
     if (
         made is None
