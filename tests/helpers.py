@@ -123,6 +123,13 @@ REPRESENTATIVE_OPTIMIZERS = (
     "Muon",
     "ScheduleFreeAdamW",
 )
+# Those the parameter-server tests run inside AGN beside the rules of
+# tests/workers/ps_common.py's `AGN_RULES`, whose inner optimizers already
+# have SGD's momentum and Nesterov, a schedule, clipping and AdamW's weight
+# decay.
+PARAMETER_SERVER_INNER_OPTIMIZERS = tuple(
+    name for name in REPRESENTATIVE_OPTIMIZERS if name not in ("SGD", "AdamW")
+)
 
 
 # Models and data for CloneModel against a plain keras.Model.

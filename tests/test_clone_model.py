@@ -309,65 +309,63 @@ def test_in_flight_per_worker_outside_parameter_servers_is_refused_untouched(
 
 
 SERVE_ON_ONE_CPU = """if True:
-    import sys, warnings
+    import pathlib, sys, warnings
     import numpy as np
     import keras
     import keras_clones
     import tensorflow as tf
 
     assert len(tf.config.list_logical_devices("CPU")) == 1
-    model_path, data_path, out_path = sys.argv[1:]
-    data = np.load(data_path)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = keras.models.load_model(model_path)
-        results = dict(
-            evaluate=model.evaluate(data["x"], data["y"], verbose=0),
-            predict=model.predict(data["x"], verbose=0),
-        )
-    warned = [str(w.message) for w in caught]
-    assert sum("do not exist" in m for m in warned) == 1, warned
-    assert model.deployment.num_clones == 2
-    np.savez(out_path, **results)
+    folder = pathlib.Path(sys.argv[1])
+    data = np.load(folder / "data.npz")
+    for name in sys.argv[2:]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = keras.models.load_model(folder / f"{name}.keras")
+            results = dict(
+                evaluate=model.evaluate(data["x"], data["y"], verbose=0),
+                predict=model.predict(data["x"], verbose=0),
+            )
+        warned = [str(w.message) for w in caught]
+        assert sum("do not exist" in m for m in warned) == 1, warned
+        assert model.deployment.num_clones == 2
+        np.savez(folder / f"{name}.served.npz", **results)
 """
 
 
-@pytest.mark.parametrize("variable_update", ["parameter_server", "replicated"])
 def test_a_model_trained_on_two_cpus_serves_on_one_as_in_the_saving_process(
-    tmp_path, run_script, variable_update
+    tmp_path, run_script
 ):
-    keras.utils.set_random_seed(6)
-    inputs = keras.Input((3,))
-    hidden = keras.layers.BatchNormalization()(keras.layers.Dense(5)(inputs))
-    outputs = keras.layers.Dense(3, activation="softmax")(hidden)
-    model = CloneModel(
-        inputs,
-        outputs,
-        deployment=DeploymentConfig(
-            devices=["/cpu:0", "/cpu:1"], variable_update=variable_update
-        ),
-    )
-    model.compile(
-        keras.optimizers.Adam(0.05), "sparse_categorical_crossentropy"
-    )
+    # Both variable updates, served in one process with 1 CPU.
     x, y = data(20, features=3)
-    model.fit(x, y, batch_size=6, epochs=2, verbose=0)
-    model.save(tmp_path / "model.keras")
     np.savez(tmp_path / "data.npz", x=x, y=y)
-    run_script(
-        [
-            "-c",
-            SERVE_ON_ONE_CPU,
-            tmp_path / "model.keras",
-            tmp_path / "data.npz",
-            tmp_path / "served.npz",
-        ],
-        timeout=300,
-    )
-    served = np.load(tmp_path / "served.npz")
-    np.testing.assert_allclose(
-        served["evaluate"], model.evaluate(x, y, verbose=0), atol=1e-6
-    )
-    np.testing.assert_allclose(
-        served["predict"], model.predict(x, verbose=0), atol=1e-6
-    )
+    models = {}
+    for variable_update in ("parameter_server", "replicated"):
+        keras.utils.set_random_seed(6)
+        inputs = keras.Input((3,))
+        hidden = keras.layers.BatchNormalization()(
+            keras.layers.Dense(5)(inputs)
+        )
+        outputs = keras.layers.Dense(3, activation="softmax")(hidden)
+        model = CloneModel(
+            inputs,
+            outputs,
+            deployment=DeploymentConfig(
+                devices=["/cpu:0", "/cpu:1"], variable_update=variable_update
+            ),
+        )
+        model.compile(
+            keras.optimizers.Adam(0.05), "sparse_categorical_crossentropy"
+        )
+        model.fit(x, y, batch_size=6, epochs=2, verbose=0)
+        model.save(tmp_path / f"{variable_update}.keras")
+        models[variable_update] = model
+    run_script(["-c", SERVE_ON_ONE_CPU, tmp_path, *models], timeout=300)
+    for name, model in models.items():
+        served = np.load(tmp_path / f"{name}.served.npz")
+        np.testing.assert_allclose(
+            served["evaluate"], model.evaluate(x, y, verbose=0), atol=1e-6
+        )
+        np.testing.assert_allclose(
+            served["predict"], model.predict(x, verbose=0), atol=1e-6
+        )

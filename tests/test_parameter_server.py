@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPRESENTATIVE_OPTIMIZERS
+from helpers import PARAMETER_SERVER_INNER_OPTIMIZERS
 from helpers import python_path_with_tests
 
 # A group of its own under pytest-xdist, beside the "cluster" group of
@@ -78,7 +78,8 @@ def scenario(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "name", sorted(set(REPRESENTATIVE_OPTIMIZERS) - {"ScheduleFreeAdamW"})
+    "name",
+    sorted(set(PARAMETER_SERVER_INNER_OPTIMIZERS) - {"ScheduleFreeAdamW"}),
 )
 def test_agn_with_keras_optimizers_inside_trains_as_in_one_process(
     scenario, name

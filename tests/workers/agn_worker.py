@@ -2,10 +2,13 @@
 
 Each worker trains a CloneModel of 2 clones with AGN(SGD with momentum) at
 communication periods 1 and 3 (the default rule), and at period 3 with the
-Hermans and DiLoCo rules and with a bfloat16 all-reduce, and with overlapped
-commits at period 2 (one execution a period), and with 2 and 4 fragments at
-period 4, without and with overlap, and in int8 and int4 (int8 also with
-2 overlapped fragments and error feedback); it saves to
+DiLoCo rule and with a bfloat16 all-reduce, and with DiLoCo's overlapped
+commits at period 2 (one execution a period), and with 4 fragments at
+period 4 and 2 overlapped ones, and in int8 and int4 (int8 also with
+2 overlapped fragments and error feedback); the rules differ only in what
+each worker commits, which tests/test_agn_rules.py checks by hand in one
+process, as tests/test_agn_overlap.py and test_agn_fragments.py do each
+rule with overlap and fragments. It saves to
 `OUT/agn_worker_<i>.npz` its local weights, global centers, logs and the
 batches it was fed. With `--reference` it instead computes, in one process
 and by hand, what the workers should hold, from the batches they saved (the
@@ -40,20 +43,17 @@ WORKERS = 2
 RUNS = {
     "p1": (1, {}, None),
     "p3": (3, {}, None),
-    "hermans": (3, {"commit": "weight_change"}, (1.0, 0.0, False)),
     "diloco": (
         3,
         {"commit": "weight_change", "normalize": False},
         (0.7, 0.9, True),
     ),
     "bf16": (3, {"communication_dtype": "bfloat16"}, None),
-    "overlap": (2, {"overlap": True}, None),
     "overlap_diloco": (
         2,
         {"overlap": True, "mixing": 0.25, "commit": "weight_change"},
         (0.7, 0.9, True),
     ),
-    "fragments": (4, {"fragments": 2}, None),
     "overlap_fragments": (
         4,
         {"overlap": True, "fragments": 2, "commit": "weight_change"},

@@ -2,15 +2,19 @@
 tests/test_multi_worker.py.
 
 Each worker trains a CloneModel of 2 clones with `BackupAndRestore`,
-`ModelCheckpoint`, `TensorBoard` and `LossSummaries` writing under `OUT`.
-With `--crash-at-epoch K` every worker raises when epoch K begins; run again
-without it, training resumes from the last backup. At the end the model is
-saved, and each worker saves its weights to `OUT/worker_<i>.npz`. With
-`--reference` it trains, in one process, the plain model the run must match.
+`ModelCheckpoint`, `TensorBoard` and `LossSummaries` writing under
+`OUT/chief`, and every worker raises when epoch 2 begins. A new model then
+resumes from the backup and trains the last epoch: a new process would
+resume from the same files (examples/multi_worker_resume.py restarts
+workers; this scenario shares the launch of tests/workers/scenarios.py).
+The model is saved, and each worker saves its weights to
+`OUT/chief/worker_<i>.npz`. The other workers' scratch directories are made
+in `OUT/chief/scratch`. With `--reference` it trains, in one process, the
+plain model the run must match.
 """
 
 import os
-import sys
+import tempfile
 
 import keras
 import numpy as np
@@ -19,11 +23,13 @@ from common import GLOBAL_BATCH
 from common import clone_model
 from common import data
 from common import layers
+from common import multi_worker_strategy
 from common import run
 
 import keras_clones
 
 EPOCHS = 3
+CRASH_AT_EPOCH = 2
 
 
 class CrashAtEpoch(keras.callbacks.Callback):
@@ -36,19 +42,15 @@ class CrashAtEpoch(keras.callbacks.Callback):
             raise RuntimeError(f"crash at epoch {epoch}")
 
 
-def fit(model, out, callbacks=()):
+def fit(model, callbacks=()):
     with model.distribute_strategy.scope():
         model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "mse")
     dataset = tf.data.Dataset.from_tensor_slices(data()).batch(GLOBAL_BATCH)
     return model.fit(dataset, epochs=EPOCHS, callbacks=list(callbacks))
 
 
-def worker(out, index):
-    print(f"pid={os.getpid()}", flush=True)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    with strategy.scope():
-        model = clone_model(batch_norm=False, num_clones=2)
-    callbacks = [
+def callbacks(out):
+    return [
         keras.callbacks.BackupAndRestore(os.path.join(out, "backup")),
         keras.callbacks.ModelCheckpoint(
             os.path.join(out, "checkpoints", "epoch_{epoch}.keras")
@@ -56,12 +58,29 @@ def worker(out, index):
         keras.callbacks.TensorBoard(os.path.join(out, "tensorboard")),
         keras_clones.callbacks.LossSummaries(os.path.join(out, "summaries")),
     ]
-    if "--crash-at-epoch" in sys.argv:
-        epoch = int(sys.argv[sys.argv.index("--crash-at-epoch") + 1])
-        callbacks.append(CrashAtEpoch(epoch))
-    history = fit(model, out, callbacks)
-    model.save(os.path.join(out, "final.keras"))
-    model.save_weights(os.path.join(out, "final.weights.h5"))
+
+
+def worker(out, index):
+    out = os.path.join(out, "chief")
+    scratch = os.path.join(out, "scratch")
+    os.makedirs(scratch, exist_ok=True)
+    print(f"pid={os.getpid()}", flush=True)
+    strategy = multi_worker_strategy()
+    tempdir, tempfile.tempdir = tempfile.tempdir, scratch
+    try:
+        with strategy.scope():
+            crashed = clone_model(batch_norm=False, num_clones=2)
+        try:
+            fit(crashed, [*callbacks(out), CrashAtEpoch(CRASH_AT_EPOCH)])
+        except RuntimeError as e:
+            print(f"chief_worker: {e}", flush=True)
+        with strategy.scope():
+            model = clone_model(batch_norm=False, num_clones=2)
+        history = fit(model, callbacks(out))
+        model.save(os.path.join(out, "final.keras"))
+        model.save_weights(os.path.join(out, "final.weights.h5"))
+    finally:
+        tempfile.tempdir = tempdir
     np.savez(
         os.path.join(out, f"worker_{index}.npz"),
         *[w.numpy() for w in model.weights],
@@ -70,8 +89,10 @@ def worker(out, index):
 
 
 def reference(out):
+    out = os.path.join(out, "chief")
+    os.makedirs(out, exist_ok=True)
     model = keras.Model(*layers(batch_norm=False))
-    fit(model, out)
+    fit(model)
     np.savez(os.path.join(out, "reference.npz"), *model.get_weights())
 
 

@@ -17,9 +17,10 @@ from common import clone_model
 from common import data
 from common import task_index
 
-# Long enough for a worker busy tracing its first step (the test runs beside
-# nothing, `alone`: a few seconds); the stall waits this long.
-TIMEOUT = 15.0
+# Long enough for a worker busy tracing its first step while the other
+# waits in a collective (the test runs beside nothing, `alone`: the two
+# start within a second of each other); the stall waits this long.
+TIMEOUT = 10.0
 
 
 class LoseWorker(keras.callbacks.Callback):

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from helpers import KERAS_OPTIMIZERS
-from helpers import REPRESENTATIVE_OPTIMIZERS
+from helpers import PARAMETER_SERVER_INNER_OPTIMIZERS
 from ps_common import AGN_RULES
 from ps_common import BATCH
 from ps_common import STEPS
@@ -134,7 +134,7 @@ def agn_inner_optimizers(strategy):
     process: the largest weight difference, and the commits applied."""
     x, y = (np.concatenate([a, a]) for a in data())  # As repeated.
     results = {}
-    for name in REPRESENTATIVE_OPTIMIZERS:
+    for name in PARAMETER_SERVER_INNER_OPTIMIZERS:
         inner = KERAS_OPTIMIZERS[name]
 
         def agn():

@@ -30,6 +30,7 @@ from reference import models
 from reference import optimizers
 
 import keras_clones
+from keras_clones.worker_backup import STATE_DIRECTORY
 
 GLOBAL_BATCH = 48
 STEPS_PER_EPOCH = 2
@@ -99,6 +100,17 @@ def fed(strategy):
     return np.stack([x for x, _ in batches]), np.stack([y for _, y in batches])
 
 
+def cut_short(backup):
+    """Cuts worker 1's state file in `backup` short, for
+    broken_backup_worker.py (the next scenarios' collectives wait for this
+    worker, so the cut is made before any worker reads it)."""
+    state = os.path.join(backup, STATE_DIRECTORY, "step_6.worker_1_of_2.npz")
+    with open(state, "rb") as f:
+        head = f.read(100)
+    with open(state, "wb") as f:
+        f.write(head)
+
+
 def worker(out, index):
     workers = workers_now()
     strategy = multi_worker_strategy()
@@ -115,12 +127,13 @@ def worker(out, index):
                 dataset(), epochs=BACKED_UP, verbose=0, callbacks=[backup]
             )
             if index == 0:
-                # "broken": for broken_backup_worker.py.
                 for other in (*RESUMED_ON, "broken"):
                     shutil.copytree(
                         os.path.join(copies, "2"),
                         os.path.join(copies, str(other)),
                     )
+                if run == "gradients":
+                    cut_short(os.path.join(copies, "broken"))
             continue
         backup = keras.callbacks.BackupAndRestore(
             os.path.join(copies, str(workers))
