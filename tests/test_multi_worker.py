@@ -34,11 +34,13 @@ LAUNCHED = (
     "chief_worker",
     "mismatch_worker",
 )
+# The last waits for the batches the workers were fed (agn_worker.py).
 ALONGSIDE = (
     "clone_model_worker",
     "lso_worker",
     "inf_nan_worker",
     "chief_worker",
+    "agn_worker",
 )
 
 
@@ -80,6 +82,9 @@ def reference_alongside(script, out, *names):
     )
     try:
         yield
+    except BaseException:
+        reference.kill()  # It may wait for files the block did not write.
+        raise
     finally:
         output, _ = reference.communicate(timeout=300)
     assert reference.returncode == 0, output[-6000:]
@@ -92,8 +97,6 @@ def launched(tmp_path_factory):
     out = tmp_path_factory.mktemp("multi_worker")
     with reference_alongside(SCENARIOS, out, *ALONGSIDE):
         output = run(*LAUNCH, "--grace-period", "60", SCENARIOS, out, *LAUNCHED)
-    # After the workers: the reference replays the batches each was fed.
-    run(SCENARIOS, out, "--reference", "agn_worker")
     return out, output
 
 

@@ -11,13 +11,15 @@ process, as tests/test_agn_overlap.py and test_agn_fragments.py do each
 rule with overlap and fragments. It saves to
 `OUT/agn_worker_<i>.npz` its local weights, global centers, logs and the
 batches it was fed. With `--reference` it instead computes, in one process
-and by hand, what the workers should hold, from the batches they saved (the
-outer optimizer takes the mean over workers of their commits), and trains a
+and by hand, what the workers should hold, from the batches they saved,
+once both have (the outer optimizer takes the mean over workers of their
+commits), and trains a
 plain model with synchronous SGD on the global batch, which period 1 must
 equal. It imports the reference from tests/: run it with `PYTHONPATH=tests`.
 """
 
 import os
+import time
 
 import keras
 import numpy as np
@@ -145,11 +147,26 @@ def worker(out, index):
             center = optimizer.global_center_variable(variable)
             arrays[f"{name}_weight_{i}"] = variable.numpy()
             arrays[f"{name}_center_{i}"] = center.numpy()
-    np.savez(os.path.join(out, f"agn_worker_{index}.npz"), **arrays)
+    # Whole or not at all: the reference, alongside, waits for it.
+    path = os.path.join(out, f"agn_worker_{index}.npz")
+    np.savez(path + ".partial.npz", **arrays)
+    os.replace(path + ".partial.npz", path)
+
+
+def fed_batches(out, timeout=240.0):
+    """The files of both workers, once they are there (the reference runs
+    beside the launch)."""
+    paths = [os.path.join(out, f"agn_worker_{w}.npz") for w in range(WORKERS)]
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"No workers' batches in {out} in {timeout} s")
+        time.sleep(0.5)
+    return [np.load(p) for p in paths]
 
 
 def reference(out):
-    fed = [np.load(os.path.join(out, f"agn_worker_{w}.npz")) for w in range(2)]
+    fed = fed_batches(out)
     x = np.stack([f["x"] for f in fed])
     y = np.stack([f["y"] for f in fed])
     arrays = {}

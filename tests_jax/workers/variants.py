@@ -69,7 +69,6 @@ VARIANTS["diloco_model_parallel"] = RULES["diloco"]
 # differ only in what the period commits, the same at any number.
 SCANNED = (
     "contrib",
-    "diloco",
     "diloco_fragments_overlap",
     "contrib_fragments",
     "contrib_nan",
