@@ -8,6 +8,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers import PARAMETER_SERVER_INNER_OPTIMIZERS
@@ -16,29 +17,38 @@ from helpers import python_path_with_tests
 # A group of its own under pytest-xdist, beside the "cluster" group of
 # multi-worker runs: else one xdist worker ran every cluster while the other
 # idled for minutes. Its in-process clusters are light (1-2 workers, 1-2
-# parameter servers), and each group's child has 480 s for about 130 s of
-# work alone (221 s beside the multi-worker runs, in one CI run): room for
-# sharing the cores with one other cluster on a slower machine.
+# parameter servers); the children have 480 s together for about 100 s of
+# work alone (the file took 107 s alone, 163 s with one child at a time):
+# room for sharing the cores with one other cluster on a slower machine.
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("parameter_server")]
 
 WORKER = pathlib.Path(__file__).parent / "workers" / "ps_worker.py"
 
 
 # The scenarios, in groups that each share a cluster (one child process,
-# bounded in time): (workers, parameter servers, scenario names).
+# bounded in time): (workers, parameter servers, scenario names). The
+# children run at once: each spends much of its time waiting on its
+# in-process servers (beside the cluster tests, the one-worker scenarios
+# in one child took 186-280 s of wall time for about 110 s of CPU).
 GROUPS = (
     (
         1,
         1,
         (
-            "one_worker",
             "agn_one_worker",
             "resume",
             "inf_nan",
             "sparse",
+            "placement_one_server",
+        ),
+    ),
+    (
+        1,
+        1,
+        (
+            "one_worker",
             "in_flight",
             "overwritten",
-            "placement_one_server",
             "steps_per_execution",
             "agn_inner_optimizers",
             "agn_steps_per_execution",
@@ -51,28 +61,46 @@ GROUPS = (
 
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory):
-    """`scenario(name)`: what ps_worker.py wrote for scenario `name` (its
-    group runs once, in a child process)."""
+    """`scenario(name)`: what ps_worker.py wrote for scenario `name` (every
+    group runs once, each in a child process, all at once)."""
     out = tmp_path_factory.mktemp("ps")
+    children = []
+    failed = {}  # Group index: the end of its output.
 
     def run(name):
-        path = out / f"{name}.json"
-        if not path.exists():
-            workers, ps, names = next(g for g in GROUPS if name in g[2])
-            done = subprocess.run(
+        if not children:
+            for index, group in enumerate(GROUPS):
+                children.append(start(index, *group))
+            deadline = time.monotonic() + 480
+            for index, (child, log) in enumerate(children):
+                try:
+                    child.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+                if child.returncode != 0:
+                    failed[index] = log.read_text()[-3000:]
+        index = next(i for i, g in enumerate(GROUPS) if name in g[2])
+        assert index not in failed, failed[index]
+        return json.loads((out / f"{name}.json").read_text())
+
+    def start(index, workers, ps, names):
+        # Its output to a file: a pipe no one reads while the test waits
+        # for another child would fill, and stop it.
+        log = out / f"group_{index}.log"
+        with open(log, "w") as output:
+            child = subprocess.Popen(
                 [sys.executable, str(WORKER), str(workers), str(ps), *names],
-                capture_output=True,
-                text=True,
+                stdout=output,
+                stderr=subprocess.STDOUT,
                 env=dict(
                     os.environ,
                     KERAS_BACKEND="tensorflow",
                     OUT=str(out),
                     PYTHONPATH=python_path_with_tests(),
                 ),
-                timeout=480,
             )
-            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-        return json.loads(path.read_text())
+        return child, log
 
     return run
 

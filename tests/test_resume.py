@@ -201,11 +201,11 @@ def test_a_workers_state_of_another_optimizer_is_refused():
         )
 
 
+# Each kind of inner state: none, slots with a count (SGD's momentum and
+# AdamW's are slots as Adam's), and a rule of its own.
 INNER = {
     "sgd": lambda: keras.optimizers.SGD(0.05),
-    "momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
     "adam": lambda: keras.optimizers.Adam(0.01),
-    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
     "schedule_free": lambda: keras.optimizers.ScheduleFreeAdamW(0.01),
 }
 

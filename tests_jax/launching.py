@@ -1,9 +1,7 @@
 """The launcher as a user runs it on JAX (`python -m keras_clones.launch`
 with KERAS_BACKEND=jax), for the tests that launch the scripts of
-tests_jax/workers/. The launched processes share this test process's
-cache of compiled programs (tests_jax/conftest.py): the same steps recur
-across launches and modules (the three modules of launches took 130 s
-instead of 142 s with a cache per module)."""
+tests_jax/workers/ (with no persistent cache of compiled programs:
+tests_jax/conftest.py says why)."""
 
 import os
 import pathlib

@@ -1,22 +1,20 @@
 """One worker of a 2-worker run that backs up, and of the runs resumed from
 its backup; see tests/test_multi_worker.py.
 
-For each inner optimizer (AdamW, ScheduleFreeAdamW), without and with
-overlapped commits (AdamW's without overlap in int4), each worker
-trains a CloneModel of 2 clones with AGN's DiLoCo rule for 5 epochs of 4
-steps, with `keras.callbacks.BackupAndRestore` at each epoch's end. Without
-overlap the period is 8, so the backup after epoch 3 (step 12) is
-mid-period; with overlap it is 4 (one execution a period), and that backup
-holds a commit in flight. The backup directory is copied as it was after
-epoch 3 (as a worker killed at step 14 would leave it), and a model resumes
-from the copy and trains to the end: a new model with a new optimizer for
-AdamW, the same objects for ScheduleFreeAdamW (every variable is restored;
-it spares tracing the train function again). Each
-worker saves to `OUT/resume_worker_<i>.npz` its local weights and centers,
-uninterrupted and resumed.
-
-`resize(OUT, index)` (`resize_worker.py`) resumes on another number of
-workers from the copies this run leaves in `OUT/resume_backups/`.
+For AdamW in int4 without overlapped commits, and ScheduleFreeAdamW
+with them, each worker trains a CloneModel of 2 clones with AGN's DiLoCo
+rule for 5 epochs of 4 steps, with `keras.callbacks.BackupAndRestore` at
+each epoch's end. Without overlap the period is 8, so the backup after
+epoch 3 (step 12) is mid-period; with overlap it is 4 (one execution a
+period), and that backup holds a commit in flight. The backup directory
+is copied as it was after epoch 3 (as a worker killed at step 14 would
+leave it), and a model resumes from the copy and trains to the end: a new
+model with a new optimizer for AdamW, the same objects for
+ScheduleFreeAdamW (every variable is restored; it spares tracing the
+train function again). Each worker saves to `OUT/resume_worker_<i>.npz`
+its local weights and centers, uninterrupted and resumed. (Float32
+without overlap resumes in examples/multi_worker_resume.py, restarted,
+and in resize_worker.py.)
 """
 
 import os
@@ -35,21 +33,19 @@ import keras_clones
 EPOCHS = 5
 BACKUP_EPOCH = 3  # The copy is taken after this many epochs.
 # Two stateful inner optimizers across workers; tests/test_resume.py resumes
-# all five (SGD, with momentum, Adam, AdamW, ScheduleFreeAdamW) in one
-# process, through the same callback.
+# each kind of inner state (SGD, Adam, ScheduleFreeAdamW) in one process,
+# through the same callback, with and without overlap.
 INNER = {
     "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
     "schedule_free": lambda: keras.optimizers.ScheduleFreeAdamW(0.01),
 }
+# name: (inner optimizer, overlap, communication_dtype). In 4 bits each
+# worker's residual (error feedback) is its own state too; with overlap,
+# a commit is in flight.
 RUNS = {
-    f"{inner}{'_overlap' if overlap else ''}": (inner, overlap, None)
-    for overlap in (False, True)
-    for inner in INNER
+    "adamw_int4": ("adamw", False, "int4"),
+    "schedule_free_overlap": ("schedule_free", True, None),
 }
-# AdamW without overlap in 4 bits: each worker's residual (error feedback)
-# is its own state too. (Float32 without overlap: ScheduleFreeAdamW's.)
-del RUNS["adamw"]
-RUNS = {"adamw_int4": ("adamw", False, "int4"), **RUNS}
 
 
 def model_for(run):
@@ -79,18 +75,17 @@ def dataset():
 
 class CopyBackupAt(keras.callbacks.Callback):
     """Copies the backup directory (on the chief) after epoch `epoch` to
-    each of `copies`; training goes on in step with the other workers, so
-    the copies are there when its `fit` returns."""
+    `copy`; training goes on in step with the other workers, so the copy
+    is there when its `fit` returns."""
 
-    def __init__(self, backup_dir, epoch, *copies):
+    def __init__(self, backup_dir, epoch, copy):
         super().__init__()
-        self.backup_dir, self.epoch, self.copies = backup_dir, epoch, copies
+        self.backup_dir, self.epoch, self.copy = backup_dir, epoch, copy
 
     def on_epoch_end(self, epoch, logs=None):
         strategy = self.model.distribute_strategy
         if epoch + 1 == self.epoch and strategy.extended.should_checkpoint:
-            for copy in self.copies:
-                shutil.copytree(self.backup_dir, copy)
+            shutil.copytree(self.backup_dir, self.copy)
 
 
 def state(model):
@@ -114,14 +109,10 @@ def fit(model, backup_dir, *callbacks):
 
 def worker(out, index):
     arrays = {}
-    copies = os.path.join(out, "resume_backups")
     for run in RUNS:
         backup_dir = os.path.join(out, "resume_backup", run)
-        # Resumed here; and kept for the runs on other numbers of workers.
         resumed_dir = os.path.join(out, "resumed", run)
-        copy = CopyBackupAt(
-            backup_dir, BACKUP_EPOCH, resumed_dir, os.path.join(copies, run)
-        )
+        copy = CopyBackupAt(backup_dir, BACKUP_EPOCH, resumed_dir)
         model = model_for(run)
         fit(model, backup_dir, copy)
         for name, value in state(model).items():
