@@ -18,7 +18,7 @@ from helpers import python_path_with_tests
 # multi-worker runs: else one xdist worker ran every cluster while the other
 # idled for minutes. Its in-process clusters are light (1-2 workers, 1-2
 # parameter servers); the children have 480 s together for about 100 s of
-# work alone (the file took 107 s alone, 163 s with one child at a time):
+# work alone (the file took 91 s alone, 163 s with one child at a time):
 # room for sharing the cores with one other cluster on a slower machine.
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("parameter_server")]
 
